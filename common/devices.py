@@ -1,0 +1,72 @@
+"""Hosts, devices, seeds and the compiled epoch (Trax `_init_host_and_devices`).
+
+Every runner-state leaf carries two leading axes: `[n_devices, num_seeds, ...]`.
+Seeds are independent runs; the devices of one seed split its environments and
+average their gradients over the named axis `DEVICE_AXIS`. `compile_epoch`
+maps a per-(device, seed) function over both axes: `jax.pmap` over devices
+when there are several, otherwise `jax.jit` of a `vmap` that carries the same
+axis name, so one code path (with `lax.pmean`) serves both.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+DEVICE_AXIS = "devices"
+
+
+def init_host_and_devices(n_devices: int | None = None, random_seed: int | None = None):
+    """Returns `(is_chief, n_devices, rng)`.
+
+    `n_devices` defaults to every local device; more than exist is an error.
+    Without a seed, one host uses seed 0 (reproducible); several hosts derive
+    one from the time and the host id so that hosts explore differently.
+    """
+    host_id, host_count = jax.process_index(), jax.process_count()
+    available = jax.local_device_count()
+    n_devices = available if n_devices is None else n_devices
+    check_n_devices(n_devices)
+    if random_seed is None:
+        random_seed = int(time.time() * 1000 + host_id) % 2**31 if host_count > 1 else 0
+    rng = jax.random.fold_in(jax.random.PRNGKey(random_seed), host_id)
+    return host_id == 0, n_devices, rng
+
+
+def check_n_devices(n_devices: int) -> None:
+    available = jax.local_device_count()
+    if not 1 <= n_devices <= available:
+        raise ValueError(
+            f"--n-devices {n_devices}: this host has {available} "
+            f"{jax.default_backend()} device(s); use --n-devices between 1 and {available}"
+        )
+
+
+def seed_keys(rng: jax.Array, num_seeds: int, n_devices: int) -> jax.Array:
+    """Keys `[n_devices, num_seeds, 2]`: one key per seed, the same on every device.
+
+    Use the key as it is for what must agree across devices (parameter
+    initialisation), and `device_key` for what must differ (exploration).
+    """
+    keys = jax.random.split(rng, num_seeds)
+    return jnp.broadcast_to(keys, (n_devices,) + keys.shape)
+
+
+def device_key(key: jax.Array) -> jax.Array:
+    """`key` made distinct per device (call inside `compile_epoch`)."""
+    return jax.random.fold_in(key, jax.lax.axis_index(DEVICE_AXIS))
+
+
+def compile_epoch(fn, n_devices: int, donate: bool = True):
+    """Maps `fn(runner_state, *args)` over `[n_devices, num_seeds]` and compiles it."""
+    per_device = jax.vmap(fn)
+    if n_devices > 1:
+        return jax.pmap(per_device, axis_name=DEVICE_AXIS, donate_argnums=(0,) if donate else ())
+    return jax.jit(jax.vmap(per_device, axis_name=DEVICE_AXIS),
+                   donate_argnums=(0,) if donate else ())
+
+
+def unreplicate(tree):
+    """The first device's copy: `[n_devices, num_seeds, ...] -> [num_seeds, ...]`."""
+    return jax.tree.map(lambda x: x[0], tree)

@@ -1,0 +1,137 @@
+"""Policy distributions built from a gymnax action space (Trax `create_distribution`).
+
+A distribution here is a small object of pure functions over *inputs*: the
+array a network emits for it (`n_inputs` numbers per state).
+
+- `Discrete(n)` -> categorical over `n` logits.
+- `Box(shape)` -> diagonal Gaussian over `prod(shape)` dimensions. Its inputs
+  are the means followed by the log standard deviations (`n_inputs = 2 * d`).
+  With `std="param"` (default, as in Trax) the log std is one learned vector,
+  not a function of the state: `policy_head` appends it to the means. With
+  `std="network"` the network emits it.
+
+Actions are sampled unclipped (log-probs use the sample itself); `clip_action`
+maps them into the box only when they are sent to the environment.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Std = Literal["param", "network"]
+
+
+def _dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
+    """Orthogonal weights scaled by `scale`, zero bias (small last layer)."""
+    w = jax.nn.initializers.orthogonal(scale)(key, (n_in, n_out), jnp.float32)
+    return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
+
+
+class Categorical:
+    """Categorical over `n` actions; inputs are logits `[..., n]`."""
+
+    def __init__(self, n: int):
+        self.n = self.n_inputs = n
+        self.action_shape: tuple = ()
+        self.discrete = True
+
+    def head_init(self, key, n_features: int) -> dict:
+        return _dense_init(key, n_features, self.n, 0.01)
+
+    def policy_head(self, params: dict, features: jax.Array) -> jax.Array:
+        return features @ params["w"] + params["b"]
+
+    def _dist(self, inputs):
+        return distrax.Categorical(logits=inputs)
+
+    def sample(self, inputs, key, temperature: float = 1.0):
+        if temperature == 0.0:
+            return self.mode(inputs)
+        return distrax.Categorical(logits=inputs / temperature).sample(seed=key)
+
+    def log_prob(self, inputs, actions):
+        return self._dist(inputs).log_prob(actions)
+
+    def entropy(self, inputs):
+        return self._dist(inputs).entropy()
+
+    def mode(self, inputs):
+        return jnp.argmax(inputs, axis=-1)
+
+    def clip_action(self, actions):
+        return actions
+
+
+class DiagonalGaussian:
+    """Diagonal Gaussian; inputs are `[..., 2 * d]` = (means, log stds)."""
+
+    def __init__(self, shape: tuple, low, high, std: Std = "param"):
+        self.action_shape = tuple(shape)
+        self.d = int(np.prod(shape))
+        self.n_inputs = 2 * self.d
+        self.low, self.high = low, high
+        self.std = std
+        self.discrete = False
+
+    def head_init(self, key, n_features: int) -> dict:
+        if self.std == "param":
+            return {**_dense_init(key, n_features, self.d, 0.01),
+                    "log_std": jnp.zeros((self.d,), jnp.float32)}
+        return _dense_init(key, n_features, 2 * self.d, 0.01)
+
+    def policy_head(self, params: dict, features: jax.Array) -> jax.Array:
+        out = features @ params["w"] + params["b"]
+        if self.std == "param":
+            log_std = jnp.broadcast_to(params["log_std"], out.shape)
+            out = jnp.concatenate([out, log_std], axis=-1)
+        return out
+
+    def _split(self, inputs):
+        mean, log_std = jnp.split(inputs, 2, axis=-1)
+        return mean, jnp.clip(log_std, -20.0, 2.0)
+
+    def _dist(self, inputs):
+        mean, log_std = self._split(inputs)
+        return distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))
+
+    def _shape(self, flat):
+        return flat.reshape(flat.shape[:-1] + self.action_shape)
+
+    def sample(self, inputs, key, temperature: float = 1.0):
+        mean, log_std = self._split(inputs)
+        noise = jax.random.normal(key, mean.shape)
+        return self._shape(mean + temperature * jnp.exp(log_std) * noise)
+
+    def log_prob(self, inputs, actions):
+        flat = actions.reshape(actions.shape[: actions.ndim - len(self.action_shape)] + (self.d,))
+        return self._dist(inputs).log_prob(flat)
+
+    def entropy(self, inputs):
+        # sum_i 0.5 * log(2 pi e sigma_i^2)
+        return self._dist(inputs).entropy()
+
+    def mode(self, inputs):
+        return self._shape(self._split(inputs)[0])
+
+    def clip_action(self, actions):
+        return jnp.clip(actions, self.low, self.high)
+
+
+def make_distribution(space, std: Std = "param"):
+    """The policy distribution for a gymnax action space; ValueError otherwise."""
+    from gymnax.environments import spaces
+
+    if isinstance(space, spaces.Discrete):
+        return Categorical(int(space.n))
+    if isinstance(space, spaces.Box):
+        if std not in ("param", "network"):
+            raise ValueError(f"std must be 'param' or 'network', got {std!r}")
+        return DiagonalGaussian(tuple(space.shape), space.low, space.high, std)
+    raise ValueError(
+        f"no policy distribution for action space {space!r} "
+        f"({type(space).__name__}); supported: gymnax Discrete and Box spaces"
+    )

@@ -1,0 +1,98 @@
+"""gymnax environments: construction, episode statistics and greedy evaluation.
+
+gymnax 1.0.1 steps return `(obs, state, reward, terminated, truncated, info)`
+and reset automatically; `info["final_observation"]` is the observation
+before the reset. A terminated step has no future; a truncated one (time
+limit) still has one, so targets bootstrap from `V(final_observation)`.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+def make_env(env_id: str):
+    """`(env, env_params)` for a registered gymnax id, or a ValueError listing them."""
+    import gymnax
+
+    if env_id not in gymnax.registered_envs:
+        close = [e for e in gymnax.registered_envs if env_id.lower().split("-")[0] in e.lower()]
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(
+            f"--env {env_id!r} is not a gymnax environment.{hint} "
+            f"Known ids: {', '.join(sorted(gymnax.registered_envs))}"
+        )
+    return gymnax.make(env_id)
+
+
+class EpisodeStats(NamedTuple):
+    """Running return/length per environment, and what finished this epoch."""
+
+    ret: jax.Array  # [B] return of the episode in progress
+    length: jax.Array  # [B]
+    done_return: jax.Array  # [] sum of returns of episodes finished this epoch
+    done_length: jax.Array  # []
+    done_count: jax.Array  # []
+
+
+def init_episode_stats(num_envs: int) -> EpisodeStats:
+    z = jnp.zeros((num_envs,), jnp.float32)
+    return EpisodeStats(z, z.astype(jnp.int32), jnp.float32(0), jnp.float32(0), jnp.float32(0))
+
+
+def update_episode_stats(stats: EpisodeStats, reward: jax.Array, done: jax.Array) -> EpisodeStats:
+    ret, length = stats.ret + reward, stats.length + 1
+    d = done.astype(jnp.float32)
+    return EpisodeStats(
+        ret=ret * (1 - d),
+        length=length * (1 - done.astype(jnp.int32)),
+        done_return=stats.done_return + jnp.sum(ret * d),
+        done_length=stats.done_length + jnp.sum(length * d),
+        done_count=stats.done_count + jnp.sum(d),
+    )
+
+
+def reset_epoch_stats(stats: EpisodeStats) -> EpisodeStats:
+    zero = jnp.float32(0)
+    return stats._replace(done_return=zero, done_length=zero, done_count=zero)
+
+
+def episode_metrics(stats: EpisodeStats, axis_name: str) -> dict:
+    """Mean return/length of the episodes finished this epoch, over all devices.
+
+    NaN when no episode finished.
+    """
+    total = jax.lax.psum(jnp.stack([stats.done_return, stats.done_length, stats.done_count]), axis_name)
+    return {
+        "episode/return": total[0] / total[2],
+        "episode/length": total[1] / total[2],
+        "episode/count": total[2],
+    }
+
+
+def evaluate(env, env_params, act: Callable, params, key: jax.Array, n_episodes: int) -> jax.Array:
+    """Mean return of `n_episodes` episodes, each run to its first end.
+
+    `act(params, obs, key)` maps ONE observation to one action; the episodes
+    run side by side for the environment's time limit.
+    """
+    reset_key, run_key = jax.random.split(key)
+    obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(reset_key, n_episodes), env_params)
+
+    def step(carry, key):
+        obs, state, ret, alive = carry
+        act_key, step_key = jax.random.split(key)
+        action = jax.vmap(act, (None, 0, 0))(params, obs, jax.random.split(act_key, n_episodes))
+        obs, state, reward, terminated, truncated, _ = jax.vmap(env.step, (0, 0, 0, None))(
+            jax.random.split(step_key, n_episodes), state, action, env_params
+        )
+        ret = ret + reward * alive
+        alive = alive * (1 - jnp.logical_or(terminated, truncated).astype(jnp.float32))
+        return (obs, state, ret, alive), None
+
+    carry = (obs, state, jnp.zeros(n_episodes), jnp.ones(n_episodes))
+    steps = jax.random.split(run_key, int(env_params.max_steps_in_episode))
+    (_, _, ret, _), _ = jax.lax.scan(step, carry, steps)
+    return jnp.mean(ret)

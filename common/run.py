@@ -1,0 +1,432 @@
+"""Everything a run does once: CLI, outputs, progress, wandb, checkpoints, the epoch loop.
+
+A script defines a frozen `Config` (a subclass of `RunConfig`) and a
+`make_trainer(config) -> Trainer`; `main(Config, make_trainer)` does the rest.
+
+What a run writes in `--out-dir DIR`:
+- `config.json`: the full config, enough to rebuild the run.
+- `metrics.jsonl`: one JSON object per epoch (`epoch`, `env_steps`, `sps`,
+  `episode/*`, the algorithm's own keys, `eval/return` when evaluated).
+- `summary.json`: at the end: `eval_return` (mean greedy return over
+  `--eval-episodes`, and per seed), `env_steps`, `wall_time_s`,
+  `compile_time_s`, `sps` (env steps per second after compilation, all seeds).
+- `checkpoints/epoch_NNNNNN.npz`: the whole runner state (params, optimiser,
+  environments, keys), written to a temporary file and renamed, no pickle.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import json
+import math
+import os
+import sys
+import time
+import typing
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from common import devices
+from common.envs import evaluate
+
+
+# ----------------------------------------------------------------------------
+# Config and CLI
+# ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Flags every script shares. Scripts subclass it with their own fields."""
+
+    env: str = "CartPole-v1"
+    """gymnax environment id"""
+    seed: int = 0
+    """random seed (runs with the same seed and flags are identical)"""
+    num_seeds: int = 1
+    """independent seeds trained side by side in one compiled program"""
+    n_devices: int = 0
+    """devices to split the environments over (0: all local devices)"""
+    total_steps: int = 500_000
+    """environment steps to train for (per seed)"""
+    eval_every: int = 50
+    """greedy evaluation every this many epochs (0: only at the end)"""
+    eval_episodes: int = 32
+    """episodes per greedy evaluation"""
+    checkpoint_every: int = 50
+    """save a checkpoint every this many epochs (and at the end, and on Ctrl-C)"""
+    out_dir: str = ""
+    """run directory (default: runs/SCRIPT-ENV-seedSEED-TIME)"""
+    resume: str = ""
+    """continue the run in this directory from its last checkpoint, with its config.json"""
+    eval_only: bool = False
+    """with --resume: only evaluate the saved agent"""
+    track: bool = False
+    """log to Weights & Biases (offline when no API key is set)"""
+    wandb_project: str = "jtrax"
+    """wandb project name"""
+    no_compile_cache: bool = False
+    """do not use JAX's persistent compilation cache"""
+
+    def __post_init__(self):
+        _require(self.num_seeds >= 1, f"--num-seeds {self.num_seeds}: use 1 or more")
+        _require(self.n_devices >= 0, f"--n-devices {self.n_devices}: use 0 (all) or a positive count")
+        _require(self.total_steps > 0, f"--total-steps {self.total_steps}: use a positive number")
+        _require(self.eval_every >= 0, f"--eval-every {self.eval_every}: use 0 or more")
+        _require(self.eval_episodes >= 1, f"--eval-episodes {self.eval_episodes}: use 1 or more")
+        _require(self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more")
+        _require(not self.eval_only or self.resume, "--eval-only needs --resume DIR (the run to evaluate)")
+
+
+# Flags that steer this invocation rather than define the run: on --resume they
+# come from the command line, everything else from the run's config.json.
+RUN_CONTROL = ("resume", "eval_only", "track", "no_compile_cache", "eval_episodes", "n_devices")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Attribute docstrings (the string after each field) of a dataclass and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(inspect.getsource(klass).lstrip())
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+                docs[node.target.id] = str(nxt.value.value).strip()
+    return docs
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser(cls, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    docs, hints = field_docs(cls), typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        names = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
+        kind, help_text = hints[f.name], docs.get(f.name, f.name)
+        if kind is bool:
+            parser.add_argument(*names, type=_parse_bool, nargs="?", const=True,
+                                default=f.default, help=help_text)
+        elif typing.get_origin(kind) is typing.Literal:
+            parser.add_argument(*names, choices=typing.get_args(kind), default=f.default, help=help_text)
+        elif typing.get_origin(kind) is tuple:
+            parser.add_argument(*names, type=typing.get_args(kind)[0], nargs="+",
+                                default=f.default, help=help_text)
+        else:
+            parser.add_argument(*names, type=kind, default=f.default, help=help_text)
+    return parser
+
+
+def parse_config(cls, argv=None, description: str = ""):
+    """Config from the command line; a bad value exits with its message, before any compile."""
+    parser = build_parser(cls, description)
+    args = vars(parser.parse_args(argv))
+    try:
+        if args["resume"]:
+            saved = load_config(cls, Path(args["resume"]))
+            config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL},
+                                         out_dir=args["resume"])
+        else:
+            config = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
+    except ValueError as error:
+        parser.error(str(error))
+    return config
+
+
+def load_config(cls, run_dir: Path):
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"--resume {run_dir}: no config.json there; pass the directory of an earlier run")
+    saved = json.loads(path.read_text())
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(saved) - names
+    if unknown:
+        raise ValueError(f"--resume {run_dir}: config.json has flags this script does not know "
+                         f"({', '.join(sorted(unknown))}); was it written by another script?")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+
+
+# ----------------------------------------------------------------------------
+# What a script provides
+# ----------------------------------------------------------------------------
+class Trainer(NamedTuple):
+    """An algorithm, as pure functions of one (device, seed) slice of the runner state.
+
+    `init(key) -> state` and `epoch(state) -> (state, metrics)` run under
+    `devices.compile_epoch`; `epoch` must average gradients over
+    `devices.DEVICE_AXIS`. `act(params, obs, key)` is the greedy action for one
+    observation; `params(state)` picks what `act` needs out of the state.
+    """
+
+    init: Callable
+    epoch: Callable
+    act: Callable
+    params: Callable
+    env: Any
+    env_params: Any
+    steps_per_epoch: int  # environment steps of one seed in one epoch, all devices
+    num_epochs: int
+    loss_key: str  # metric that must stay finite
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------
+def save_checkpoint(directory: Path, state, epoch: int) -> Path:
+    """Writes the whole state atomically (temporary file, then rename); keeps the newest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    leaves, treedef = jax.tree.flatten(jax.device_get(state))
+    meta = {"epoch": epoch, "treedef": str(treedef),
+            "leaves": [[list(np.shape(x)), str(np.asarray(x).dtype)] for x in leaves]}
+    arrays = {f"leaf_{i:05d}": np.asarray(x) for i, x in enumerate(leaves)}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    path = directory / f"epoch_{epoch:06d}.npz"
+    tmp = directory / f".tmp_{epoch:06d}.npz"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    for old in directory.glob("epoch_*.npz"):
+        if old != path:
+            old.unlink()
+    return path
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    found = sorted(directory.glob("epoch_*.npz"))
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path, template):
+    """`(state, epoch)` from `path`, checked leaf by leaf against `template` (shapes/dtypes)."""
+    fix = "resume with the run's own flags (they are read from its config.json) or start a new --out-dir"
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            leaves = [data[f"leaf_{i:05d}"] for i in range(len(meta["leaves"]))]
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as error:
+        raise ValueError(f"checkpoint {path} is unreadable or corrupt ({error}); "
+                         f"delete it to fall back to none, or start a new --out-dir") from None
+    want, treedef = jax.tree.flatten(template)
+    if len(want) != len(leaves) or str(treedef) != meta["treedef"]:
+        raise ValueError(f"checkpoint {path} holds a different state structure than this script builds; {fix}")
+    for i, (w, got) in enumerate(zip(want, leaves)):
+        if tuple(w.shape) != got.shape or np.dtype(w.dtype) != got.dtype:
+            raise ValueError(f"checkpoint {path}: leaf {i} is {got.shape} {got.dtype}, this run expects "
+                             f"{tuple(w.shape)} {np.dtype(w.dtype)}; {fix}")
+    return jax.tree.unflatten(treedef, leaves), int(meta["epoch"])
+
+
+# ----------------------------------------------------------------------------
+# Logging
+# ----------------------------------------------------------------------------
+class Logger:
+    """Metrics to the console (throttled), `metrics.jsonl` and, with --track, wandb."""
+
+    def __init__(self, config, run_dir: Path, is_chief: bool, start_epoch: int):
+        self.is_chief, self.wandb = is_chief, None
+        self.last_print = 0.0
+        self.path = run_dir / "metrics.jsonl"
+        if is_chief and self.path.exists():  # resuming: drop epochs after the checkpoint
+            kept = [l for l in self.path.read_text().splitlines() if json.loads(l)["epoch"] <= start_epoch]
+            self.path.write_text("".join(l + "\n" for l in kept))
+        if is_chief and config.track:
+            self._start_wandb(config, run_dir)
+
+    def _start_wandb(self, config, run_dir: Path) -> None:
+        try:
+            import wandb
+
+            online = os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").exists()
+            mode = os.environ.get("WANDB_MODE", "online" if online else "offline")
+            self.wandb = wandb.init(project=config.wandb_project, config=dataclasses.asdict(config),
+                                    dir=str(run_dir), mode=mode, name=run_dir.name)
+        except Exception as error:  # wandb must never stop training
+            print(f"wandb disabled: {error}", file=sys.stderr)
+
+    def log(self, record: dict, force_print: bool = False) -> None:
+        if not self.is_chief:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(clean) + "\n")
+        if self.wandb is not None:
+            try:
+                self.wandb.log(record, step=record["env_steps"])
+            except Exception as error:
+                print(f"wandb disabled: {error}", file=sys.stderr)
+                self.wandb = None
+        now = time.time()
+        if force_print or now - self.last_print >= 1.0:
+            self.last_print = now
+            line = (f"epoch {record['epoch']:>5} | steps {record['env_steps']:>10,} | "
+                    f"sps {record['sps']:>9,.0f} | return {record['episode/return']:8.2f}")
+            if "eval/return" in record:
+                line += f" | eval {record['eval/return']:8.2f}"
+            print(line, flush=True)
+
+    def close(self, summary: dict) -> None:
+        if self.wandb is not None:
+            try:
+                self.wandb.summary.update(summary)
+                self.wandb.finish()
+            except Exception as error:
+                print(f"wandb disabled: {error}", file=sys.stderr)
+
+
+def enable_compile_cache() -> None:
+    """JAX's persistent compilation cache in a user cache directory."""
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    jax.config.update("jax_compilation_cache_dir", str(root / "jtrax" / "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _scalars(metrics) -> dict:
+    """`[n_devices, num_seeds]` metrics -> floats: device 0, mean over seeds."""
+    host = jax.device_get(metrics)
+    return {k: float(np.mean(v[0])) for k, v in host.items()}
+
+
+# ----------------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------------
+def train(config, make_trainer: Callable, script: str = "run", max_epochs: int | None = None) -> dict:
+    """Trains (or, with --eval-only, evaluates) and returns the summary.
+
+    `max_epochs` stops early after that many epochs of this call (as Ctrl-C
+    would), leaving a checkpoint to --resume from.
+    """
+    wall_start = time.time()
+    if not config.no_compile_cache:
+        enable_compile_cache()
+    is_chief, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
+    trainer = make_trainer(dataclasses.replace(config, n_devices=n_devices))
+    run_dir = Path(config.resume or config.out_dir or
+                   f"runs/{script}-{config.env}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    init_key, eval_key = jax.random.split(rng)
+
+    # Build (or load) the runner state before compiling the epoch, so that a bad
+    # checkpoint fails at once.
+    init = devices.compile_epoch(trainer.init, n_devices, donate=False)
+    keys = devices.seed_keys(init_key, config.num_seeds, n_devices)
+    start_epoch, state = 0, None
+    if config.resume:
+        ckpt = latest_checkpoint(run_dir / "checkpoints")
+        if ckpt is None:
+            raise SystemExit(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
+        try:
+            state, start_epoch = load_checkpoint(ckpt, jax.eval_shape(init, keys))
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+        print(f"resumed {run_dir} at epoch {start_epoch}", flush=True)
+    elif is_chief:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+
+    t0 = time.time()
+    if state is None:
+        state = init(keys)
+    act = jax.vmap(lambda params, key: evaluate(trainer.env, trainer.env_params, trainer.act, params,
+                                                key, config.eval_episodes))
+    eval_fn = jax.jit(lambda state, key: act(trainer.params(devices.unreplicate(state)),
+                                             jax.random.split(key, config.num_seeds)))
+    eval_fn = eval_fn.lower(state, eval_key).compile()
+    epoch_fn = devices.compile_epoch(trainer.epoch, n_devices).lower(state).compile() \
+        if not config.eval_only else None
+    compile_time = time.time() - t0
+
+    def evaluate_now(epoch):
+        return np.asarray(eval_fn(state, jax.random.fold_in(eval_key, epoch)))
+
+    if config.eval_only:
+        returns = evaluate_now(start_epoch)
+        print(f"eval return {returns.mean():.2f} over {config.eval_episodes} episodes "
+              f"(per seed: {np.round(returns, 2).tolist()})", flush=True)
+        return {"eval_return": float(returns.mean()), "eval_return_per_seed": returns.tolist()}
+
+    logger = Logger(config, run_dir, is_chief, start_epoch)
+    print(f"training {script} on {config.env}: {trainer.num_epochs} epochs of "
+          f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s) on {n_devices} "
+          f"{jax.default_backend()} device(s); compiled in {compile_time:.1f} s; writing {run_dir}", flush=True)
+    ckpt_dir, epoch = run_dir / "checkpoints", start_epoch
+    last_epoch = trainer.num_epochs if max_epochs is None else min(trainer.num_epochs, start_epoch + max_epochs)
+    train_time, returns, record = 0.0, None, {}
+    try:
+        while epoch < last_epoch:
+            tick = time.time()
+            state, metrics = epoch_fn(state)
+            record = _scalars(metrics)
+            train_time += time.time() - tick
+            epoch += 1
+            if not math.isfinite(record[trainer.loss_key]):
+                saved = latest_checkpoint(ckpt_dir)
+                raise SystemExit(f"{trainer.loss_key} is {record[trainer.loss_key]} at epoch {epoch}: training "
+                                 f"diverged. Last good checkpoint: {saved or 'none'}. Try a lower learning "
+                                 f"rate or a --max-grad-norm, then --resume {run_dir} or start again.")
+            steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * config.num_seeds
+            record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
+                      "sps": steps_done / max(train_time, 1e-9), **record}
+            final = epoch == trainer.num_epochs
+            if final or (config.eval_every and epoch % config.eval_every == 0):
+                returns = evaluate_now(epoch)
+                record["eval/return"] = float(returns.mean())
+            logger.log(record, force_print=final or "eval/return" in record)
+            if is_chief and (final or epoch % config.checkpoint_every == 0):
+                save_checkpoint(ckpt_dir, state, epoch)
+    except KeyboardInterrupt:
+        if is_chief and epoch > start_epoch:
+            print(f"\ninterrupted: saving epoch {epoch}; continue with --resume {run_dir}", flush=True)
+            save_checkpoint(ckpt_dir, state, epoch)
+        raise SystemExit(130)
+    if is_chief and epoch > start_epoch and epoch < trainer.num_epochs:
+        save_checkpoint(ckpt_dir, state, epoch)
+    if returns is None or "eval/return" not in record:
+        returns = evaluate_now(epoch)
+    summary = {
+        "eval_return": float(returns.mean()),
+        "eval_return_per_seed": returns.tolist(),
+        "episode_return": record.get("episode/return", float("nan")),
+        "epoch": epoch,
+        "env_steps": epoch * trainer.steps_per_epoch,
+        "wall_time_s": time.time() - wall_start,
+        "compile_time_s": compile_time,
+        "train_time_s": train_time,
+        "sps": (epoch - start_epoch) * trainer.steps_per_epoch * config.num_seeds / max(train_time, 1e-9),
+    }
+    if is_chief:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        logger.close(summary)
+    return summary
+
+
+def main(config_cls, make_trainer: Callable, script: str, description: str, argv=None) -> dict:
+    config = parse_config(config_cls, argv, description)
+    try:
+        summary = train(config, make_trainer, script)
+    except ValueError as error:  # configuration that only the environment can reject
+        raise SystemExit(f"error: {error}") from None
+    print(f"eval return {summary['eval_return']:.2f} (greedy, {config.eval_episodes} episodes)", flush=True)
+    return summary
