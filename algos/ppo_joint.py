@@ -37,7 +37,7 @@ class Config(run.RunConfig):
     """passes over each rollout"""
     num_minibatches: int = 4
     """minibatches per pass (must divide the per-device batch num_envs / n_devices * num_steps)"""
-    lr: float = 2.5e-4
+    lr: float = 1e-3
     """Adam learning rate"""
     no_anneal_lr: bool = False
     """keep the learning rate constant instead of annealing it linearly to 0"""
@@ -55,7 +55,7 @@ class Config(run.RunConfig):
     """PPO ratio clip epsilon"""
     vf_coef: float = 0.5
     """value loss coefficient c_v"""
-    ent_coef: float = 0.01
+    ent_coef: float = 0.0
     """entropy bonus coefficient c_ent"""
     hidden: tuple[int, ...] = (64, 64)
     """torso layer widths"""

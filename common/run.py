@@ -22,9 +22,12 @@ import inspect
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import typing
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -61,9 +64,9 @@ class RunConfig:
     checkpoint_every: int = 50
     """save a checkpoint every this many epochs (and at the end, and on Ctrl-C)"""
     out_dir: str = ""
-    """run directory (default: runs/SCRIPT-ENV-seedSEED-TIME)"""
+    """run directory; empty: runs/SCRIPT-ENV-seedSEED-TIME"""
     resume: str = ""
-    """continue the run in this directory from its last checkpoint, with its config.json"""
+    """run directory to continue from its last checkpoint, with its config.json; empty: a new run"""
     eval_only: bool = False
     """with --resume: only evaluate the saved agent"""
     track: bool = False
@@ -123,18 +126,20 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
     )
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        names = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
-        kind, help_text = hints[f.name], docs.get(f.name, f.name)
-        if kind is bool:
-            parser.add_argument(*names, type=_parse_bool, nargs="?", const=True,
-                                default=f.default, help=help_text)
+        kind = hints[f.name]
+        if kind is bool:  # `--flag` or `--flag=True/False` (as a wandb agent passes it)
+            spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL")
         elif typing.get_origin(kind) is typing.Literal:
-            parser.add_argument(*names, choices=typing.get_args(kind), default=f.default, help=help_text)
+            spec = dict(choices=typing.get_args(kind))
         elif typing.get_origin(kind) is tuple:
-            parser.add_argument(*names, type=typing.get_args(kind)[0], nargs="+",
-                                default=f.default, help=help_text)
+            item = typing.get_args(kind)[0]
+            spec = dict(type=item, nargs="+", metavar=item.__name__.upper())
         else:
-            parser.add_argument(*names, type=kind, default=f.default, help=help_text)
+            spec = dict(type=kind, metavar=kind.__name__.upper())
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default,
+                            help=docs.get(f.name, f.name), **spec)
+        if "_" in f.name:  # snake_case alias, hidden from --help
+            parser.add_argument(f"--{f.name}", dest=f.name, help=argparse.SUPPRESS, **spec)
     return parser
 
 
@@ -296,6 +301,31 @@ class Logger:
                 print(f"wandb disabled: {error}", file=sys.stderr)
 
 
+class _StopOnInterrupt:
+    """Ctrl-C finishes the running epoch, then stops with a checkpoint; a second Ctrl-C stops at once.
+
+    (An epoch interrupted half-way would leave the donated runner state deleted.)
+    """
+
+    requested = False
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, *_):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this epoch (Ctrl-C again to abort without saving)", flush=True)
+
+    def __exit__(self, *_):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def enable_compile_cache() -> None:
     """JAX's persistent compilation cache in a user cache directory."""
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
@@ -305,9 +335,15 @@ def enable_compile_cache() -> None:
 
 
 def _scalars(metrics) -> dict:
-    """`[n_devices, num_seeds]` metrics -> floats: device 0, mean over seeds."""
+    """`[n_devices, num_seeds]` metrics -> floats: device 0, mean over seeds.
+
+    Seeds with no finished episode this epoch (NaN episode stats) are left out.
+    """
     host = jax.device_get(metrics)
-    return {k: float(np.mean(v[0])) for k, v in host.items()}
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return {k: float(np.nanmean(v[0])) if np.isfinite(v[0]).any() else float(np.mean(v[0]))
+                for k, v in host.items()}
 
 
 # ----------------------------------------------------------------------------
@@ -363,8 +399,6 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
 
     if config.eval_only:
         returns = evaluate_now(start_epoch)
-        print(f"eval return {returns.mean():.2f} over {config.eval_episodes} episodes "
-              f"(per seed: {np.round(returns, 2).tolist()})", flush=True)
         return {"eval_return": float(returns.mean()), "eval_return_per_seed": returns.tolist()}
 
     logger = Logger(config, run_dir, is_chief, start_epoch)
@@ -374,8 +408,8 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     ckpt_dir, epoch = run_dir / "checkpoints", start_epoch
     last_epoch = trainer.num_epochs if max_epochs is None else min(trainer.num_epochs, start_epoch + max_epochs)
     train_time, returns, record = 0.0, None, {}
-    try:
-        while epoch < last_epoch:
+    with _StopOnInterrupt() as interrupt:
+        while epoch < last_epoch and not interrupt.requested:
             tick = time.time()
             state, metrics = epoch_fn(state)
             record = _scalars(metrics)
@@ -396,10 +430,10 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
             logger.log(record, force_print=final or "eval/return" in record)
             if is_chief and (final or epoch % config.checkpoint_every == 0):
                 save_checkpoint(ckpt_dir, state, epoch)
-    except KeyboardInterrupt:
+    if interrupt.requested:
         if is_chief and epoch > start_epoch:
-            print(f"\ninterrupted: saving epoch {epoch}; continue with --resume {run_dir}", flush=True)
             save_checkpoint(ckpt_dir, state, epoch)
+            print(f"interrupted: saved epoch {epoch}; continue with --resume {run_dir}", flush=True)
         raise SystemExit(130)
     if is_chief and epoch > start_epoch and epoch < trainer.num_epochs:
         save_checkpoint(ckpt_dir, state, epoch)

@@ -1,0 +1,103 @@
+"""The command line exactly as the README runs it: subprocesses from another directory."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "algos" / "ppo_joint.py"
+TINY = ["--num-envs", "4", "--num-steps", "32", "--total-steps", "1280", "--eval-every", "0",
+        "--eval-episodes", "4", "--no-compile-cache"]
+
+
+def env():
+    clean = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
+    return {**clean, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
+
+
+def cli(*args, cwd, timeout=300):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_lists_every_flag_with_default(tmp_path):
+    from algos import ppo_joint
+    import dataclasses
+
+    out = cli("--help", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    for field in dataclasses.fields(ppo_joint.Config):
+        flag = "--" + field.name.replace("_", "-")
+        assert flag in text, flag
+    assert "(default: 0.2)" in text and "PPO ratio clip epsilon" in text
+
+
+def test_run_writes_outputs(tmp_path):
+    out_dir = tmp_path / "run"
+    out = cli(*TINY, "--out-dir", out_dir, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "eval return" in out.stdout and "epoch" in out.stdout
+    config = json.loads((out_dir / "config.json").read_text())
+    assert config["num_envs"] == 4 and config["env"] == "CartPole-v1"
+    lines = [json.loads(l) for l in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [l["epoch"] for l in lines] == list(range(1, 11))
+    assert lines[-1]["env_steps"] == 1280 and "loss/joint" in lines[-1] and "eval/return" in lines[-1]
+    summary = json.loads((out_dir / "summary.json").read_text())
+    for key in ("eval_return", "env_steps", "wall_time_s", "compile_time_s", "sps"):
+        assert np.isfinite(summary[key]), key
+    assert summary["env_steps"] == 1280
+    assert list((out_dir / "checkpoints").glob("epoch_000010.npz"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env", "CartPol-v1"], "not a gymnax environment"),
+    (["--std", "network"], "applies to continuous actions"),
+    (["--num-minibatches", "5"], "does not divide the per-device batch"),
+    (["--n-devices", "3"], "--n-devices 3"),
+    (["--num-envs", "0"], "--num-envs must be at least 1"),
+    (["--lr", "-1"], "positive learning rate"),
+])
+def test_bad_input_fails_before_compiling(tmp_path, args, message):
+    out = cli(*TINY, *args, "--out-dir", tmp_path / "run", cwd=tmp_path)
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "compiled in" not in out.stdout
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_corrupt_checkpoint_is_reported(tmp_path):
+    out_dir = tmp_path / "run"
+    assert cli(*TINY, "--out-dir", out_dir, cwd=tmp_path).returncode == 0
+    ckpt = next((out_dir / "checkpoints").glob("*.npz"))
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    out = cli("--resume", out_dir, cwd=tmp_path)
+    assert out.returncode != 0 and "corrupt" in out.stderr and "compiled in" not in out.stdout
+
+
+def test_interrupt_then_resume_and_eval_only(tmp_path):
+    out_dir = tmp_path / "run"
+    args = [*TINY, "--total-steps", "4000000", "--checkpoint-every", "1000", "--out-dir", out_dir]
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args)], cwd=tmp_path, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out_dir / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + stderr
+    assert "--resume" in stdout
+    ckpt = next((out_dir / "checkpoints").glob("epoch_*.npz"))
+    stopped_at = int(ckpt.stem.split("_")[1])
+    assert stopped_at >= 1
+
+    out = cli("--eval-only", "--resume", out_dir, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "eval return" in out.stdout and "compiled in" not in out.stdout
