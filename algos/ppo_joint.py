@@ -37,7 +37,7 @@ class Config(run.RunConfig):
     """passes over each rollout"""
     num_minibatches: int = 4
     """minibatches per pass (must divide the per-device batch num_envs / n_devices * num_steps)"""
-    lr: float = 1e-3
+    lr: float = 2.5e-3
     """Adam learning rate"""
     no_anneal_lr: bool = False
     """keep the learning rate constant instead of annealing it linearly to 0"""
@@ -53,7 +53,7 @@ class Config(run.RunConfig):
     """standardize advantages per minibatch"""
     clip_eps: float = 0.2
     """PPO ratio clip epsilon"""
-    vf_coef: float = 0.5
+    vf_coef: float = 0.25
     """value loss coefficient c_v"""
     ent_coef: float = 0.0
     """entropy bonus coefficient c_ent"""

@@ -58,13 +58,18 @@ def device_key(key: jax.Array) -> jax.Array:
     return jax.random.fold_in(key, jax.lax.axis_index(DEVICE_AXIS))
 
 
-def compile_epoch(fn, n_devices: int, donate: bool = True):
-    """Maps `fn(runner_state, *args)` over `[n_devices, num_seeds]` and compiles it."""
-    per_device = jax.vmap(fn)
+def compile_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0):
+    """Maps `fn(runner_state, *shared)` over `[n_devices, num_seeds]`, ready to compile.
+
+    The runner state is mapped; the `n_shared` trailing arguments are the same
+    for every device and seed. With `donate`, the input state's buffers are reused.
+    """
+    in_axes = (0,) + (None,) * n_shared
+    per_device = jax.vmap(fn, in_axes)
+    donate_argnums = (0,) if donate else ()
     if n_devices > 1:
-        return jax.pmap(per_device, axis_name=DEVICE_AXIS, donate_argnums=(0,) if donate else ())
-    return jax.jit(jax.vmap(per_device, axis_name=DEVICE_AXIS),
-                   donate_argnums=(0,) if donate else ())
+        return jax.pmap(per_device, axis_name=DEVICE_AXIS, in_axes=in_axes, donate_argnums=donate_argnums)
+    return jax.jit(jax.vmap(per_device, in_axes, axis_name=DEVICE_AXIS), donate_argnums=donate_argnums)
 
 
 def unreplicate(tree):

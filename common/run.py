@@ -29,6 +29,7 @@ import time
 import typing
 import warnings
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -91,6 +92,10 @@ class RunConfig:
 RUN_CONTROL = ("resume", "eval_only", "track", "no_compile_cache", "eval_episodes", "n_devices")
 
 
+# XLA options for programs that run rarely (init, evaluation): a quicker compile.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -150,6 +155,11 @@ def parse_config(cls, argv=None, description: str = ""):
     try:
         if args["resume"]:
             saved = load_config(cls, Path(args["resume"]))
+            for f in dataclasses.fields(cls):
+                given = tuple(args[f.name]) if isinstance(args[f.name], list) else args[f.name]
+                if f.name not in RUN_CONTROL and given != f.default and given != getattr(saved, f.name):
+                    print(f"warning: --resume ignores --{f.name.replace('_', '-')} {given}; the run's "
+                          f"config.json sets it to {getattr(saved, f.name)}", file=sys.stderr)
             config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL},
                                          out_dir=args["resume"])
         else:
@@ -334,16 +344,42 @@ def enable_compile_cache() -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def _scalars(metrics) -> dict:
-    """`[n_devices, num_seeds]` metrics -> floats: device 0, mean over seeds.
+def _records(metrics, n: int) -> list[dict]:
+    """`[n_devices, num_seeds, epochs]` metrics -> one dict of floats per epoch.
 
-    Seeds with no finished episode this epoch (NaN episode stats) are left out.
+    Device 0 (metrics agree across devices), mean over seeds; seeds with no
+    finished episode in an epoch (NaN episode stats) are left out of it.
     """
-    host = jax.device_get(metrics)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
+    host = {k: np.asarray(v)[0, :, :n] for k, v in jax.device_get(metrics).items()}
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return {k: float(np.nanmean(v[0])) if np.isfinite(v[0]).any() else float(np.mean(v[0]))
-                for k, v in host.items()}
+        return [{k: float(np.nanmean(v[:, j])) if np.isfinite(v[:, j]).any() else float(np.mean(v[:, j]))
+                 for k, v in host.items()} for j in range(n)]
+
+
+def epochs_per_call(steps_per_epoch: int, num_epochs: int) -> int:
+    """Epochs run by one compiled call: about 64k environment steps, at most 64.
+
+    Each call costs a dispatch and a metrics transfer (milliseconds on a CPU),
+    as much as a small epoch; grouping epochs amortises it.
+    """
+    return int(min(num_epochs, 64, max(1, 65_536 // steps_per_epoch)))
+
+
+def chunk_epochs(epoch: Callable, k: int) -> Callable:
+    """`fn(state, n) -> (state, metrics [k, ...])` running `epoch` n <= k times.
+
+    One program serves every n: a `lax.scan` over k slots, slot i runs the epoch
+    iff i < n. The predicate is the same for every device and seed (not
+    batched), so `lax.cond` truly skips the unused slots.
+    """
+
+    def run_n(state, n):
+        shapes = jax.eval_shape(epoch, state)[1]
+        skip = lambda s: (s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes))  # noqa: E731
+        return jax.lax.scan(lambda s, i: jax.lax.cond(i < n, epoch, skip, s), state, jnp.arange(k))
+
+    return run_n
 
 
 # ----------------------------------------------------------------------------
@@ -364,17 +400,18 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
                    f"runs/{script}-{config.env}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
     init_key, eval_key = jax.random.split(rng)
 
-    # Build (or load) the runner state before compiling the epoch, so that a bad
-    # checkpoint fails at once.
+    # The state's shapes, and a resumed state, come before any compile, so that
+    # a bad checkpoint fails at once.
     init = devices.compile_epoch(trainer.init, n_devices, donate=False)
     keys = devices.seed_keys(init_key, config.num_seeds, n_devices)
+    template = jax.eval_shape(init, keys)
     start_epoch, state = 0, None
     if config.resume:
         ckpt = latest_checkpoint(run_dir / "checkpoints")
         if ckpt is None:
             raise SystemExit(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
         try:
-            state, start_epoch = load_checkpoint(ckpt, jax.eval_shape(init, keys))
+            state, start_epoch = load_checkpoint(ckpt, template)
         except ValueError as error:
             raise SystemExit(str(error)) from None
         print(f"resumed {run_dir} at epoch {start_epoch}", flush=True)
@@ -382,16 +419,24 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
 
+    # Init and evaluation run rarely: they compile unoptimised, on a second
+    # thread, while this one compiles the epochs.
     t0 = time.time()
-    if state is None:
-        state = init(keys)
     act = jax.vmap(lambda params, key: evaluate(trainer.env, trainer.env_params, trainer.act, params,
                                                 key, config.eval_episodes))
-    eval_fn = jax.jit(lambda state, key: act(trainer.params(devices.unreplicate(state)),
-                                             jax.random.split(key, config.num_seeds)))
-    eval_fn = eval_fn.lower(state, eval_key).compile()
-    epoch_fn = devices.compile_epoch(trainer.epoch, n_devices).lower(state).compile() \
-        if not config.eval_only else None
+    evaluate_seeds = jax.jit(lambda state, key: act(trainer.params(devices.unreplicate(state)),
+                                                    jax.random.split(key, config.num_seeds)))
+
+    def init_and_eval():
+        ready = state if state is not None else init.lower(keys).compile(FAST_COMPILE)(keys)
+        return ready, evaluate_seeds.lower(ready, eval_key).compile(FAST_COMPILE)
+
+    with ThreadPoolExecutor(1) as pool:
+        side = pool.submit(init_and_eval)
+        k = epochs_per_call(trainer.steps_per_epoch, trainer.num_epochs)
+        epochs_fn = None if config.eval_only else devices.compile_epoch(
+            chunk_epochs(trainer.epoch, k), n_devices, n_shared=1).lower(template, 1).compile()
+        state, eval_fn = side.result()
     compile_time = time.time() - t0
 
     def evaluate_now(epoch):
@@ -410,25 +455,32 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     train_time, returns, record = 0.0, None, {}
     with _StopOnInterrupt() as interrupt:
         while epoch < last_epoch and not interrupt.requested:
+            # Run up to the next evaluation, checkpoint or end, at most k epochs.
+            n = min(k, last_epoch - epoch, config.checkpoint_every - epoch % config.checkpoint_every)
+            if config.eval_every:
+                n = min(n, config.eval_every - epoch % config.eval_every)
             tick = time.time()
-            state, metrics = epoch_fn(state)
-            record = _scalars(metrics)
-            train_time += time.time() - tick
-            epoch += 1
-            if not math.isfinite(record[trainer.loss_key]):
-                saved = latest_checkpoint(ckpt_dir)
-                raise SystemExit(f"{trainer.loss_key} is {record[trainer.loss_key]} at epoch {epoch}: training "
-                                 f"diverged. Last good checkpoint: {saved or 'none'}. Try a lower learning "
-                                 f"rate or a --max-grad-norm, then --resume {run_dir} or start again.")
-            steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * config.num_seeds
-            record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
-                      "sps": steps_done / max(train_time, 1e-9), **record}
-            final = epoch == trainer.num_epochs
-            if final or (config.eval_every and epoch % config.eval_every == 0):
-                returns = evaluate_now(epoch)
-                record["eval/return"] = float(returns.mean())
-            logger.log(record, force_print=final or "eval/return" in record)
-            if is_chief and (final or epoch % config.checkpoint_every == 0):
+            state, metrics = epochs_fn(state, n)
+            records = _records(metrics, n)
+            chunk_time, time_before = time.time() - tick, train_time
+            train_time += chunk_time
+            for j, record in enumerate(records):
+                epoch += 1
+                if not math.isfinite(record[trainer.loss_key]):
+                    saved = latest_checkpoint(ckpt_dir)
+                    raise SystemExit(
+                        f"{trainer.loss_key} is {record[trainer.loss_key]} at epoch {epoch}: training diverged. "
+                        f"Last good checkpoint: {saved or 'none'}. Try a lower learning rate or a "
+                        f"--max-grad-norm, then --resume {run_dir} or start again.")
+                steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * config.num_seeds
+                record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
+                          "sps": steps_done / (time_before + chunk_time * (j + 1) / n), **record}
+                final = epoch == trainer.num_epochs
+                if final or (config.eval_every and epoch % config.eval_every == 0):
+                    returns = evaluate_now(epoch)
+                    record["eval/return"] = float(returns.mean())
+                logger.log(record, force_print=final or "eval/return" in record)
+            if is_chief and (epoch == trainer.num_epochs or epoch % config.checkpoint_every == 0):
                 save_checkpoint(ckpt_dir, state, epoch)
     if interrupt.requested:
         if is_chief and epoch > start_epoch:

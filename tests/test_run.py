@@ -1,0 +1,119 @@
+"""common/run.py: the CLI built from a config dataclass, the metrics logger and wandb failures."""
+import dataclasses
+import json
+import math
+from typing import Literal
+
+import numpy as np
+import pytest
+
+from common import run
+
+
+@dataclasses.dataclass(frozen=True)
+class Toy(run.RunConfig):
+    n_samples: int = 1
+    """action samples per state"""
+    q_value: bool = False
+    """use a Q critic"""
+    hidden: tuple[int, ...] = (64, 64)
+    """layer widths"""
+    agg: Literal["mean", "max"] = "mean"
+    """aggregate"""
+    lr: float = 1e-3
+    """learning rate"""
+
+
+def test_flags_come_from_fields_with_their_docstrings():
+    parser = run.build_parser(Toy, "toy")
+    text = " ".join(parser.format_help().split())
+    assert "--n-samples INT action samples per state (default: 1)" in text
+    assert "--q-value [BOOL] use a Q critic (default: False)" in text
+    assert "--n_samples" not in text  # the snake_case alias is accepted but hidden
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--n-samples", "4", "--q-value"], dict(n_samples=4, q_value=True)),
+    # as a wandb sweep agent passes values: --key=value, Python str() formatting
+    (["--n_samples=4", "--q_value=True", "--lr=1e-05"], dict(n_samples=4, q_value=True, lr=1e-05)),
+    (["--q-value=False", "--hidden", "32", "16", "--agg", "max"], dict(q_value=False, hidden=(32, 16), agg="max")),
+])
+def test_parse_config(argv, expected):
+    config = run.parse_config(Toy, argv)
+    for key, value in expected.items():
+        assert getattr(config, key) == value
+
+
+@pytest.mark.parametrize("argv", [["--agg", "median"], ["--n-samples", "x"], ["--num-seeds", "0"],
+                                  ["--eval-only"], ["--q-value=maybe"]])
+def test_bad_flags_exit_with_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run.parse_config(Toy, argv)
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_resume_takes_the_saved_config_and_run_flags_from_the_command_line(tmp_path, capsys):
+    saved = Toy(n_samples=3, hidden=(8,), out_dir=str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(saved)))
+    config = run.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "9", "--eval-only"])
+    assert config.n_samples == 3 and config.hidden == (8,) and config.eval_only
+    assert "ignores --n-samples 9" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps({**dataclasses.asdict(saved), "typo_flag": 1}))
+    with pytest.raises(SystemExit):
+        run.parse_config(Toy, ["--resume", str(tmp_path)])
+
+
+def test_epochs_per_call_and_records():
+    assert run.epochs_per_call(1024, 488) == 64
+    assert run.epochs_per_call(100_000, 488) == 1
+    assert run.epochs_per_call(500, 10) == 10
+    metrics = {"loss": np.array([[[1.0, 2.0, 9.0], [3.0, 4.0, 9.0]]]),  # [devices, seeds, epochs]
+               "episode/return": np.array([[[np.nan, 5.0, 0.0], [7.0, np.nan, 0.0]]])}
+    records = run._records(metrics, 2)
+    assert records == [{"loss": 2.0, "episode/return": 7.0}, {"loss": 3.0, "episode/return": 5.0}]
+    assert math.isnan(run._records({"x": np.full((1, 2, 1), np.nan)}, 1)[0]["x"])
+
+
+def test_chunk_epochs_runs_exactly_n_epochs():
+    import jax
+    import jax.numpy as jnp
+
+    def epoch(count):
+        return count + 1, {"count": count + 1.0}
+
+    chunk = jax.jit(run.chunk_epochs(epoch, 5))
+    count, metrics = chunk(jnp.float32(0), 3)
+    assert float(count) == 3.0
+    np.testing.assert_array_equal(np.asarray(metrics["count"]), [1.0, 2.0, 3.0, 0.0, 0.0])
+
+
+def test_a_failing_wandb_never_stops_training(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def broken_init(**_):
+        raise RuntimeError("no network")
+
+    monkeypatch.setattr(wandb, "init", broken_init)
+    logger = run.Logger(Toy(track=True), tmp_path, is_chief=True, start_epoch=0)
+    assert logger.wandb is None
+    assert "wandb disabled: no network" in capsys.readouterr().err
+
+    class BrokenRun:
+        def log(self, *_, **__):
+            raise RuntimeError("disk full")
+
+    logger.wandb = BrokenRun()
+    record = {"epoch": 1, "env_steps": 10, "sps": 1.0, "episode/return": float("nan")}
+    logger.log(record)
+    logger.log({**record, "epoch": 2})
+    assert logger.wandb is None
+    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [l["epoch"] for l in lines] == [1, 2] and lines[0]["episode/return"] is None
+
+
+def test_resumed_logger_drops_epochs_after_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"epoch": e}) + "\n" for e in range(1, 8)))
+    run.Logger(Toy(), tmp_path, is_chief=True, start_epoch=5)
+    assert [json.loads(l)["epoch"] for l in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
