@@ -58,6 +58,17 @@ def device_key(key: jax.Array) -> jax.Array:
     return jax.random.fold_in(key, jax.lax.axis_index(DEVICE_AXIS))
 
 
+def compile_init(fn):
+    """Maps `fn(key)` over `[n_devices, num_seeds]` keys on ONE device, ready to compile.
+
+    The device axis is a `vmap` carrying `DEVICE_AXIS` (so `device_key` works);
+    the epoch's `pmap` then spreads the state over the devices. (Initialising
+    under `pmap` on forced CPU devices can deadlock in batched LAPACK calls,
+    such as the QR of orthogonal initialisation, in jaxlib 0.10.)
+    """
+    return jax.jit(jax.vmap(jax.vmap(fn), axis_name=DEVICE_AXIS))
+
+
 def compile_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0):
     """Maps `fn(runner_state, *shared)` over `[n_devices, num_seeds]`, ready to compile.
 

@@ -402,7 +402,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
 
     # The state's shapes, and a resumed state, come before any compile, so that
     # a bad checkpoint fails at once.
-    init = devices.compile_epoch(trainer.init, n_devices, donate=False)
+    init = devices.compile_init(trainer.init)
     keys = devices.seed_keys(init_key, config.num_seeds, n_devices)
     template = jax.eval_shape(init, keys)
     start_epoch, state = 0, None
@@ -424,12 +424,14 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     t0 = time.time()
     act = jax.vmap(lambda params, key: evaluate(trainer.env, trainer.env_params, trainer.act, params,
                                                 key, config.eval_episodes))
-    evaluate_seeds = jax.jit(lambda state, key: act(trainer.params(devices.unreplicate(state)),
-                                                    jax.random.split(key, config.num_seeds)))
+    evaluate_seeds = jax.jit(lambda params, key: act(params, jax.random.split(key, config.num_seeds)))
+
+    def first_device(state):  # the parameters of every seed, as held by device 0: [num_seeds, ...]
+        return jax.device_put(trainer.params(devices.unreplicate(state)), jax.local_devices()[0])
 
     def init_and_eval():
         ready = state if state is not None else init.lower(keys).compile(FAST_COMPILE)(keys)
-        return ready, evaluate_seeds.lower(ready, eval_key).compile(FAST_COMPILE)
+        return ready, evaluate_seeds.lower(first_device(ready), eval_key).compile(FAST_COMPILE)
 
     with ThreadPoolExecutor(1) as pool:
         side = pool.submit(init_and_eval)
@@ -440,7 +442,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     compile_time = time.time() - t0
 
     def evaluate_now(epoch):
-        return np.asarray(eval_fn(state, jax.random.fold_in(eval_key, epoch)))
+        return np.asarray(eval_fn(first_device(state), jax.random.fold_in(eval_key, epoch)))
 
     if config.eval_only:
         returns = evaluate_now(start_epoch)
