@@ -347,13 +347,14 @@ def enable_compile_cache() -> None:
 def _records(metrics, n: int) -> list[dict]:
     """`[n_devices, num_seeds, epochs]` metrics -> one dict of floats per epoch.
 
-    Device 0 (metrics agree across devices), mean over seeds; seeds with no
-    finished episode in an epoch (NaN episode stats) are left out of it.
+    Device 0 (metrics agree across devices), mean over seeds. Seeds with no
+    finished episode in an epoch (NaN `episode/*`) are left out of that mean;
+    any other NaN (a diverged seed) stays NaN.
     """
     host = {k: np.asarray(v)[0, :, :n] for k, v in jax.device_get(metrics).items()}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return [{k: float(np.nanmean(v[:, j])) if np.isfinite(v[:, j]).any() else float(np.mean(v[:, j]))
+        warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of all-NaN
+        return [{k: float(np.nanmean(v[:, j]) if k.startswith("episode/") else np.mean(v[:, j]))
                  for k, v in host.items()} for j in range(n)]
 
 
