@@ -263,7 +263,7 @@ def make_trainer(config: Config) -> run.Trainer:
             grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, minibatch, dist, config)
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
             updates, opt_state = tx.update(grads, opt_state, params)
-            metrics["optim/grad_norm"] = optax.global_norm(grads)
+            metrics["optim/grad_norm"] = optax.tree.norm(grads)
             return (optax.apply_updates(params, updates), opt_state), metrics
 
         def update_epoch(carry, key):

@@ -1,0 +1,103 @@
+"""common.devices: hosts, device counts, seed keys and the compiled epoch (2 forced CPU devices)."""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from common import devices
+
+
+def test_two_forced_devices():
+    assert jax.local_device_count() == 2, "tests/conftest.py must force 2 host devices before jax is imported"
+
+
+def test_defaults_all_local_devices_chief_fixed_seed():
+    is_chief, n_devices, rng = devices.init_host_and_devices()
+    assert is_chief is True
+    assert n_devices == 2
+    _, _, again = devices.init_host_and_devices()
+    np.testing.assert_array_equal(rng, again)  # one host, no seed: reproducible
+    _, _, seed0 = devices.init_host_and_devices(random_seed=0)
+    np.testing.assert_array_equal(rng, seed0)
+    _, _, seed1 = devices.init_host_and_devices(random_seed=1)
+    assert not np.array_equal(rng, seed1)
+
+
+def test_explicit_device_count():
+    _, n_devices, _ = devices.init_host_and_devices(n_devices=1, random_seed=3)
+    assert n_devices == 1
+
+
+@pytest.mark.parametrize("n", [3, 0, -1])
+def test_bad_device_count_raises(n):
+    with pytest.raises(ValueError, match=rf"--n-devices {n}\b.*2"):
+        devices.init_host_and_devices(n_devices=n)
+
+
+def test_seed_keys_shape_and_identical_across_devices():
+    rng = jax.random.PRNGKey(7)
+    keys = devices.seed_keys(rng, num_seeds=3, n_devices=2)
+    chex.assert_shape(keys, (2, 3) + rng.shape)
+    np.testing.assert_array_equal(keys[0], keys[1])
+    host = np.asarray(keys[0])
+    assert len({tuple(k) for k in host}) == 3  # seeds differ
+    assert not any(np.array_equal(k, rng) for k in host)  # split, not the run key itself
+
+
+def test_device_key_differs_per_device_under_compile_epoch():
+    keys = devices.seed_keys(jax.random.PRNGKey(0), num_seeds=3, n_devices=2)
+    out = np.asarray(devices.compile_epoch(devices.device_key, 2, donate=False)(keys))
+    chex.assert_shape(out, keys.shape)
+    for s in range(3):
+        assert not np.array_equal(out[0, s], out[1, s])
+        for d in range(2):  # the documented construction: fold in the device index
+            np.testing.assert_array_equal(out[d, s], jax.random.fold_in(keys[d, s], d))
+    assert len({tuple(k) for k in out.reshape(-1, out.shape[-1])}) == 6
+
+
+def test_single_device_path_matches_pmap_path():
+    """n_devices=1 (jit of vmap) and device 0 of n_devices=2 (pmap) compute the same thing."""
+    keys2 = devices.seed_keys(jax.random.PRNGKey(1), num_seeds=2, n_devices=2)
+    keys1 = devices.seed_keys(jax.random.PRNGKey(1), num_seeds=2, n_devices=1)
+
+    def fn(key):
+        return jax.random.normal(devices.device_key(key), (3,))
+
+    out2 = devices.compile_epoch(fn, 2, donate=False)(keys2)
+    out1 = devices.compile_epoch(fn, 1, donate=False)(keys1)
+    np.testing.assert_array_equal(out1[0], out2[0])
+    assert not np.array_equal(out2[0], out2[1])
+
+
+@pytest.mark.parametrize("n_devices", [1, 2])
+def test_compile_epoch_pmean_averages_over_devices(n_devices):
+    x = jnp.arange(n_devices * 3, dtype=jnp.float32).reshape(n_devices, 3) ** 2  # [devices, seeds]
+
+    def fn(v):
+        return jax.lax.pmean(v, devices.DEVICE_AXIS), jax.lax.axis_index(devices.DEVICE_AXIS)
+
+    mean, index = devices.compile_epoch(fn, n_devices, donate=False)(x)
+    np.testing.assert_allclose(mean, np.broadcast_to(np.asarray(x).mean(0), x.shape))
+    np.testing.assert_array_equal(index, np.broadcast_to(np.arange(n_devices)[:, None], x.shape))
+
+
+def test_unreplicate():
+    tree = {"a": jnp.arange(6).reshape(2, 3), "b": (jnp.ones((2, 3, 4)) * jnp.array([1.0, 2.0])[:, None, None],)}
+    out = devices.unreplicate(tree)
+    np.testing.assert_array_equal(out["a"], [0, 1, 2])
+    np.testing.assert_array_equal(out["b"][0], np.ones((3, 4)))
+
+
+def test_compile_init_on_one_device_equals_the_pmap_path():
+    """The runner state is built on one device with the device axis vmapped; device keys still differ."""
+    keys = devices.seed_keys(jax.random.PRNGKey(2), num_seeds=2, n_devices=2)
+
+    def fn(key):
+        return jax.random.normal(devices.device_key(key), (3,))
+
+    one = devices.compile_init(fn)(keys)
+    assert len(one.sharding.device_set) == 1
+    chex.assert_shape(one, (2, 2, 3))
+    np.testing.assert_array_equal(one, devices.compile_epoch(fn, 2, donate=False)(keys))
+    assert not np.array_equal(one[0], one[1])
