@@ -262,7 +262,7 @@ class Logger:
 
     def __init__(self, config, run_dir: Path, is_chief: bool, start_epoch: int):
         self.is_chief, self.wandb = is_chief, None
-        self.last_print = 0.0
+        self.last_print, self.last_return = 0.0, float("nan")
         self.path = run_dir / "metrics.jsonl"
         if is_chief and self.path.exists():  # resuming: drop epochs after the checkpoint
             kept = [l for l in self.path.read_text().splitlines() if json.loads(l)["epoch"] <= start_epoch]
@@ -293,11 +293,14 @@ class Logger:
             except Exception as error:
                 print(f"wandb disabled: {error}", file=sys.stderr)
                 self.wandb = None
+        if math.isfinite(record["episode/return"]):
+            self.last_return = record["episode/return"]
         now = time.time()
         if force_print or now - self.last_print >= 1.0:
             self.last_print = now
+            # return: of the latest epoch in which an episode ended
             line = (f"epoch {record['epoch']:>5} | steps {record['env_steps']:>10,} | "
-                    f"sps {record['sps']:>9,.0f} | return {record['episode/return']:8.2f}")
+                    f"sps {record['sps']:>9,.0f} | return {self.last_return:8.2f}")
             if "eval/return" in record:
                 line += f" | eval {record['eval/return']:8.2f}"
             print(line, flush=True)

@@ -267,6 +267,9 @@ class EpochVariantsTest(chex.TestCase):
         new_state, metrics = epoch(state)
         chex.assert_trees_all_equal_shapes_and_dtypes(new_state, state)
         check_metrics(metrics, (1, NUM_SEEDS))
+        # a fresh policy is near uniform: episodes last as a random policy's (about 22 steps), not as
+        # one repeated action's (about 9), which is what exploration keys reused across steps give
+        assert np.all(np.asarray(metrics["episode/length"]) > 14), metrics["episode/length"]
         # the update happened: every parameter moved, Adam counted every minibatch step
         assert_trees_differ(new_state.params, state.params)
         counts = [x for x in jax.tree.leaves(new_state.opt_state) if x.dtype == jnp.int32]
