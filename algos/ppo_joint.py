@@ -223,8 +223,7 @@ def make_trainer(config: Config) -> run.Trainer:
         param_key, env_key = jax.random.split(key)  # same on every device
         params = init_network(param_key, obs_dim, config.hidden, dist)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
-        obs, env_state = jax.vmap(env.reset, (0, None))(jax.random.split(reset_key, envs_per_device),
-                                                          env_params)
+        obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
         return RunnerState(params, tx.init(params), env_state, obs,
                            envs.init_episode_stats(envs_per_device), run_key)
 

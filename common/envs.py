@@ -27,6 +27,17 @@ def make_env(env_id: str):
     return gymnax.make(env_id)
 
 
+def reset_envs(env, env_params, key: jax.Array, n: int):
+    """`(obs, state)` of `n` freshly reset environments, every leaf strongly typed.
+
+    Some gymnax resets give weak-typed leaves that `step` returns strong
+    (Pendulum's `last_u`); stripping the weak type keeps a compiled epoch's
+    input and output state of one type, so it never retraces.
+    """
+    obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(key, n), env_params)
+    return jax.tree.map(lambda x: jax.lax.convert_element_type(x, x.dtype), (obs, state))
+
+
 class EpisodeStats(NamedTuple):
     """Running return/length per environment, and what finished this epoch."""
 

@@ -294,11 +294,7 @@ def test_compiled_epoch_is_traced_once(n_devices, num_seeds):
         jax.tree.map(lambda s: s.weak_type, shapes)
 
 
-@pytest.mark.parametrize("env", [
-    "CartPole-v1",
-    pytest.param("Pendulum-v1", marks=pytest.mark.xfail(
-        strict=True, reason="BUG: env.reset gives a weak-typed env_state.last_u, env.step a strong one")),
-])
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])  # Pendulum's reset is weak-typed
 def test_runner_state_types_are_stable(env):
     """epoch(state) returns leaves of the same shape, dtype AND weak type, so a jitted epoch never retraces."""
     trainer = make_trainer(tiny(env=env))
