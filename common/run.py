@@ -408,7 +408,8 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     # a bad checkpoint fails at once.
     init = devices.compile_init(trainer.init)
     keys = devices.seed_keys(init_key, config.num_seeds, n_devices)
-    template = jax.eval_shape(init, keys)
+    init_lowered = init.lower(keys)  # traced once: its output shapes are the template
+    template = init_lowered.out_info
     start_epoch, state = 0, None
     if config.resume:
         ckpt = latest_checkpoint(run_dir / "checkpoints")
@@ -434,7 +435,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         return jax.device_put(trainer.params(devices.unreplicate(state)), jax.local_devices()[0])
 
     def init_and_eval():
-        ready = state if state is not None else init.lower(keys).compile(FAST_COMPILE)(keys)
+        ready = state if state is not None else init_lowered.compile(FAST_COMPILE)(keys)
         return ready, evaluate_seeds.lower(first_device(ready), eval_key).compile(FAST_COMPILE)
 
     with ThreadPoolExecutor(1) as pool:
