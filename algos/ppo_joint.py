@@ -197,7 +197,7 @@ def make_trainer(config: Config) -> run.Trainer:
     dist = make_distribution(env.action_space(env_params), config.std)
     if dist.discrete and config.std != "param":
         raise ValueError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
-    n_devices = config.n_devices
+    n_devices = config.n_devices or jax.local_device_count()
     if config.num_envs % n_devices:
         raise ValueError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
                          f"use a multiple of {n_devices}")

@@ -218,11 +218,15 @@ def save_checkpoint(directory: Path, state, epoch: int) -> Path:
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     path = directory / f"epoch_{epoch:06d}.npz"
     tmp = directory / f".tmp_{epoch:06d}.npz"
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # the last good checkpoint stays; no half-written file is left
+        tmp.unlink(missing_ok=True)
+        raise
     for old in directory.glob("epoch_*.npz"):
         if old != path:
             old.unlink()

@@ -476,6 +476,7 @@ def test_checkpoint_write_is_atomic(tmp_path, init_state, monkeypatch):
         run.save_checkpoint(tmp_path, state, 2)
     monkeypatch.undo()
     assert not (tmp_path / "epoch_000002.npz").exists()
+    assert not list(tmp_path.glob(".tmp_*"))  # no half-written file left behind
     assert run.latest_checkpoint(tmp_path) == good
     loaded, epoch = run.load_checkpoint(good, jax.eval_shape(c.init, run_keys(0)))
     assert epoch == 1
@@ -652,3 +653,10 @@ def test_resume_with_other_flags_exits_with_the_fix(tmp_path, init_state):
     run.save_checkpoint(run_dir / "checkpoints", state, 1)
     with pytest.raises(SystemExit, match="--out-dir"):
         run.train(run_config(run_dir, n_devices=1, hidden=(16,), resume=str(run_dir)), make_trainer)
+
+
+def test_make_trainer_defaults_to_every_local_device():
+    trainer = make_trainer(Config())  # --n-devices 0: all local devices (2 forced here)
+    assert trainer.steps_per_epoch == Config().num_envs * Config().num_steps
+    with pytest.raises(ValueError, match="not divisible by --n-devices 2"):
+        make_trainer(Config(num_envs=3))
