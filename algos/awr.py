@@ -242,12 +242,14 @@ def aggregate_q(q, log_mu, how: str, temperature: float, normalization: str, enu
 
 
 def sample_actions(dist, inputs, key, n_samples: int, enumerate_all: bool):
-    """K actions for one state from mu = dist(inputs), and their log mu: ([K, ...], [K])."""
-    if enumerate_all:
-        actions = jnp.arange(n_samples)
+    """K actions per state from mu = dist(inputs `[N, n_inputs]`) and their log mu: `[N, K, ...]`, `[N, K]`."""
+    chex.assert_rank(inputs, 2)
+    inputs = jnp.broadcast_to(inputs[:, None], (inputs.shape[0], n_samples, inputs.shape[1]))
+    if enumerate_all:  # every discrete action once: a_k = k
+        actions = jnp.broadcast_to(jnp.arange(n_samples), inputs.shape[:2])
     else:
-        actions = jax.vmap(dist.sample, (None, 0))(inputs, jax.random.split(key, n_samples))
-    return actions, jax.vmap(dist.log_prob, (None, 0))(inputs, actions)
+        actions = dist.sample(inputs, key)
+    return actions, dist.log_prob(inputs, actions)
 
 
 def replay_push(replay: Replay, epoch_data: Transition) -> Replay:
@@ -328,10 +330,8 @@ def make_trainer(config: Config) -> run.Trainer:
         flat = lambda x: x.reshape((-1,) + x.shape[3:])  # noqa: E731  [m, T, B, ...] -> [m*T*B, ...]
         if config.q_value:
             s_key, next_key = jax.random.split(key)
-            sample = lambda inputs, k: sample_actions(dist, inputs, k, K, enumerate_all)  # noqa: E731
-            keys = lambda k: jax.random.split(k, n_buffer)  # noqa: E731
-            actions, log_mu = jax.vmap(sample)(flat(data.inputs), keys(s_key))  # [N, K, ...], [N, K]
-            next_actions, next_log_mu = jax.vmap(sample)(flat(data.next_inputs), keys(next_key))
+            actions, log_mu = sample_actions(dist, flat(data.inputs), s_key, K, enumerate_all)  # [N, K, ...]
+            next_actions, next_log_mu = sample_actions(dist, flat(data.next_inputs), next_key, K, enumerate_all)
             agg = lambda q, lm, how: aggregate_q(q, lm, how, config.q_temperature, config.q_normalization,  # noqa: E731
                                                  enumerate_all)
             q = critic(critic_params, flat(data.obs), actions)
@@ -363,14 +363,17 @@ def make_trainer(config: Config) -> run.Trainer:
                 jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
                 env_params)
             done = jnp.logical_or(terminated, truncated)
-            final_obs = info["final_observation"]
-            next_inputs = pi(runner.policy, final_obs, dist, config.activation) if config.q_value else inputs
-            transition = Transition(runner.obs, action, reward, terminated, done, final_obs, inputs, next_inputs)
+            transition = Transition(runner.obs, action, reward, terminated, done, info["final_observation"], inputs,
+                                    inputs)  # next_inputs: filled in below, batched
+
             stats = envs.update_episode_stats(runner.stats, reward, done)
             return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
 
         runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
         runner, traj = jax.lax.scan(env_step, runner, None, T)  # [T, B, ...]
+        if config.q_value:  # mu(.|s'_t): the policy is fixed during the rollout, so one batched call
+            traj = traj._replace(next_inputs=jax.vmap(pi, (None, 0, None, None))(runner.policy, traj.final_obs, dist,
+                                                                                  config.activation))
         replay = replay_push(runner.replay, traj)
         key, target_key, critic_key, policy_key = jax.random.split(runner.key, 4)
         # Slots past n_filled are empty: minibatches draw from the first n_filled * T * B transitions.

@@ -83,28 +83,31 @@ def test_logsumexp_tends_to_max_when_cold_and_to_mean_when_hot():
 def test_enumerating_every_discrete_action_gives_the_policy_expectation():
     dist = Categorical(3)
     inputs = jnp.array([0.3, -1.2, 2.0])
-    actions, log_mu = awr.sample_actions(dist, inputs, jax.random.PRNGKey(0), 3, enumerate_all=True)
-    np.testing.assert_array_equal(actions, [0, 1, 2])
+    actions, log_mu = awr.sample_actions(dist, inputs[None], jax.random.PRNGKey(0), 3, enumerate_all=True)
+    np.testing.assert_array_equal(actions, [[0, 1, 2]])
     probs = np.exp(np.float64(inputs)) / np.exp(np.float64(inputs)).sum()
-    np.testing.assert_allclose(np.exp(log_mu), probs, rtol=1e-5)
+    np.testing.assert_allclose(np.exp(log_mu), probs[None], rtol=1e-5)
     q = jnp.array([[1.0, 5.0, -2.0]])
-    baseline = aggregate_q(q, log_mu[None], "mean", 1.0, "none", enumerated=True)
+    baseline = aggregate_q(q, log_mu, "mean", 1.0, "none", enumerated=True)
     np.testing.assert_allclose(baseline, [(probs * [1.0, 5.0, -2.0]).sum()], rtol=1e-5)
     assert not np.isclose(baseline[0], q.mean())  # unlike the plain mean of sampled actions
 
 
-def test_sampled_actions_follow_the_recorded_behaviour_policy():
+def test_sampled_actions_follow_each_state_s_recorded_behaviour_policy():
     dist = Categorical(3)
-    inputs = jnp.log(jnp.array([0.6, 0.3, 0.1]))
-    actions, log_mu = awr.sample_actions(dist, inputs, jax.random.PRNGKey(4), 4000, enumerate_all=False)
-    freq = np.bincount(np.asarray(actions), minlength=3) / 4000
-    np.testing.assert_allclose(freq, [0.6, 0.3, 0.1], atol=0.025)  # ~3 standard errors
-    np.testing.assert_allclose(log_mu, np.log([0.6, 0.3, 0.1])[np.asarray(actions)], rtol=1e-5)
+    probs = np.array([[0.6, 0.3, 0.1], [0.1, 0.1, 0.8]])
+    actions, log_mu = awr.sample_actions(dist, jnp.log(probs), jax.random.PRNGKey(4), 4000, enumerate_all=False)
+    chex.assert_shape(actions, (2, 4000))
+    for state in range(2):
+        freq = np.bincount(np.asarray(actions[state]), minlength=3) / 4000
+        np.testing.assert_allclose(freq, probs[state], atol=0.025)  # ~3 standard errors
+        np.testing.assert_allclose(log_mu[state], np.log(probs[state])[np.asarray(actions[state])], rtol=1e-5)
     box = DiagonalGaussian((2,), -1.0, 1.0)
-    inputs = jnp.array([0.5, -2.0, np.log(0.1), np.log(2.0)])  # means, log stds
+    inputs = jnp.array([[0.5, -2.0, np.log(0.1), np.log(2.0)]])  # means, log stds
     actions, _ = awr.sample_actions(box, inputs, jax.random.PRNGKey(5), 4000, enumerate_all=False)
-    np.testing.assert_allclose(actions.mean(0), [0.5, -2.0], atol=0.1)
-    np.testing.assert_allclose(actions.std(0), [0.1, 2.0], rtol=0.05)
+    chex.assert_shape(actions, (1, 4000, 2))
+    np.testing.assert_allclose(actions[0].mean(0), [0.5, -2.0], atol=0.1)
+    np.testing.assert_allclose(actions[0].std(0), [0.1, 2.0], rtol=0.05)
 
 
 def test_replay_keeps_exactly_the_last_m_epochs_in_order():

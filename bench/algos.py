@@ -1,0 +1,140 @@
+"""Every algorithm script side by side on CartPole-v1, each with its default flags.
+
+    .venv/bin/python bench/algos.py            # 2 rounds, ~5 min on 2 cores
+    .venv/bin/python bench/algos.py --runs 3
+
+Each run is a separate process (`--n-devices 1 --eval-every 0 --no-compile-cache`,
+so every run compiles from scratch), one round runs every entry once, and rounds
+are interleaved so that load on the machine spreads over all entries. Reported per
+entry: compile time, steady SPS, the epoch's cost (ms per epoch and relative to
+ppo_joint), env steps until the mean return of the training episodes finished in
+an epoch first reaches 475, and the final greedy return. Rewrites this benchmark's
+section of bench/RESULTS.md, leaving other sections alone.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTION = "## Algorithms side by side, CartPole-v1"
+THRESHOLD = 475.0
+# name -> script and flags; every entry runs with its script's defaults otherwise.
+ENTRIES = {
+    "ppo_joint": ["algos/ppo_joint.py"],
+    "awr": ["algos/awr.py"],
+    "awr --q-value --n-samples 4": ["algos/awr.py", "--q-value", "--n-samples", "4"],
+}
+COMMON = ["--env", "CartPole-v1", "--n-devices", "1", "--eval-every", "0", "--no-compile-cache"]
+
+
+def run_entry(args: list[str], seed: int, out: Path, timeout: float) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, *args, *COMMON, "--seed", str(seed), "--out-dir", str(out)]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    wall = time.time() - t0
+    if proc.returncode:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-3000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps_per_epoch = lines[0]["env_steps"]
+    reached = next((line["env_steps"] for line in lines if (line.get("episode/return") or 0) >= THRESHOLD), None)
+    return {"wall": wall, "compile": summary["compile_time_s"], "sps": summary["sps"],
+            "epoch_ms": 1e3 * steps_per_epoch / summary["sps"], "steps_per_epoch": steps_per_epoch,
+            "reached": reached, "ret": summary["eval_return"], "total": summary["env_steps"]}
+
+
+def med(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    base = med(results["ppo_joint"], "epoch_ms") / results["ppo_joint"][0]["steps_per_epoch"]
+    rows = ["| script and flags | compile s | steady SPS | ms / epoch (steps) | cost per step vs ppo_joint "
+            "| env steps to return 475 | greedy return |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, runs in results.items():
+        reached = [r["reached"] for r in runs]
+        shown = ", ".join(f"{x:,}" if x else f"not in {runs[0]['total']:,}" for x in reached)
+        per_step = med(runs, "epoch_ms") / runs[0]["steps_per_epoch"]
+        rows.append(f"| `{name}` | {med(runs, 'compile'):.1f} | {med(runs, 'sps'):,.0f} "
+                    f"| {med(runs, 'epoch_ms'):.1f} ({runs[0]['steps_per_epoch']:,}) | {per_step / base:.2f}x "
+                    f"| {shown} | {', '.join(f'{r['ret']:.0f}' for r in runs)} |")
+    return "\n".join(rows)
+
+
+def write_results(path: Path, body: str) -> None:
+    """Replaces SECTION (up to the next '## ' heading) in path, or appends it."""
+    text = path.read_text()
+    section = f"{SECTION}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+    path.write_text(text.rstrip() + "\n")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--runs", type=int, default=2, help="rounds; round i uses seed SEED + i")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first round")
+    p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update")
+    p.add_argument("--no-write", action="store_true", help="print the table only, leave RESULTS.md alone")
+    p.add_argument("--timeout", type=float, default=600, help="seconds allowed per run")
+    args = p.parse_args()
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench-algos-"))
+    load_start = os.getloadavg()[0]
+    results = {name: [] for name in ENTRIES}
+    for i in range(args.runs):
+        for j, (name, entry) in enumerate(ENTRIES.items()):
+            results[name].append(run_entry(entry, args.seed + i, scratch / f"{j}-{i}", args.timeout))
+            r = results[name][-1]
+            print(f"round {i + 1}/{args.runs} {name}: compile {r['compile']:.1f} s, {r['sps']:,.0f} sps, "
+                  f"475 at {r['reached']}, return {r['ret']:.0f}", flush=True)
+    shutil.rmtree(scratch)
+    tbl = table(results)
+    print("\n" + tbl)
+    if args.no_write:
+        return
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    commands = "\n".join(f".venv/bin/python {' '.join(e)} {' '.join(COMMON)} --seed SEED" for e in ENTRIES.values())
+    body = f"""
+Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with `.venv/bin/python bench/algos.py --runs {args.runs} --seed {args.seed}`.
+
+- Machine: {cpu}, {os.cpu_count()} cores; load average at start/end: {load_start:.2f} / {os.getloadavg()[0]:.2f}
+- Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit `{commit}`
+
+Commands (each script's defaults otherwise; round i uses SEED = {args.seed} + i, the entries run one after the other):
+
+```
+{commands}
+```
+
+Medians over {args.runs} rounds. compile = init + eval + epoch compile (summary.json `compile_time_s`);
+steady SPS = env steps / training seconds; ms / epoch = steps per epoch / SPS; cost per step is relative to
+ppo_joint (the scripts' epochs differ in size and in work per step: AWR trains two networks for a fixed number
+of minibatch steps on its replay). Env steps to 475: the first epoch whose finished training episodes (sampled
+actions) average at least 475, per round. Greedy return: 32 episodes after training, per round.
+
+{tbl}
+"""
+    write_results(Path(args.results), body)
+    print(f"\nwrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
