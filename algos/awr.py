@@ -292,9 +292,9 @@ def make_trainer(config: Config) -> run.Trainer:
     obs_shape = env.observation_space(env_params).shape
     obs_dim = int(np.prod(obs_shape))
     code_dim = (dist.n if dist.discrete else dist.d) if config.q_value else 0
-    clip = lambda: optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()  # noqa: E731
-    policy_tx = optax.chain(clip(), optax.adam(config.policy_lr))
-    critic_tx = optax.chain(clip(), optax.adam(config.value_lr))
+    clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
+    policy_tx = optax.chain(clip, optax.adam(config.policy_lr))
+    critic_tx = optax.chain(clip, optax.adam(config.value_lr))
     pi = jax.vmap(policy_net, (None, 0, None, None))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
     n_buffer = m * T * envs_per_device
@@ -313,14 +313,11 @@ def make_trainer(config: Config) -> run.Trainer:
                          "out": dense_init(jax.random.fold_in(critic_key, 1), config.hidden[-1], 1, 1.0)}
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        empty = Transition(
-            obs=jnp.zeros((m, T) + obs.shape, obs.dtype),
-            action=jnp.zeros((m, T, envs_per_device) + dist.action_shape,
-                             jnp.int32 if dist.discrete else jnp.float32),
-            reward=jnp.zeros((m, T, envs_per_device)), terminated=jnp.zeros((m, T, envs_per_device), bool),
-            done=jnp.zeros((m, T, envs_per_device), bool), final_obs=jnp.zeros((m, T) + obs.shape, obs.dtype),
-            inputs=jnp.zeros((m, T, envs_per_device, dist.n_inputs)),
-            next_inputs=jnp.zeros((m, T, envs_per_device, dist.n_inputs)))
+        zeros = lambda shape=(), dtype=jnp.float32: jnp.zeros((m, T, envs_per_device) + shape, dtype)  # noqa: E731
+        empty = Transition(zeros(obs.shape[1:], obs.dtype),
+                           zeros(dist.action_shape, jnp.int32 if dist.discrete else jnp.float32), zeros(),
+                           zeros(dtype=bool), zeros(dtype=bool), zeros(obs.shape[1:], obs.dtype),
+                           zeros((dist.n_inputs,)), zeros((dist.n_inputs,)))
         replay = Replay(empty, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
         return RunnerState(policy, critic_params, policy_tx.init(policy), critic_tx.init(critic_params), replay,
                            env_state, obs, envs.init_episode_stats(envs_per_device), run_key)
@@ -344,11 +341,9 @@ def make_trainer(config: Config) -> run.Trainer:
             values = critic(critic_params, flat(data.obs))
             next_values = critic(critic_params, flat(data.final_obs))
             q = values[:, None]
-        unflat = lambda x: x.reshape((m * T, envs_per_device))  # noqa: E731  returns per epoch slot
-        returns = jax.vmap(td_lambda, (0, 0, 0, 0, None, None))(
+        returns = jax.vmap(td_lambda, (0, 0, 0, 0, None, None))(  # each stored epoch is its own [T, B] rollout
             *(x.reshape((m, T, envs_per_device)) for x in (data.reward, next_values, data.terminated, data.done)),
-            config.gamma, config.td_lambda)
-        returns = unflat(returns).reshape(-1)
+            config.gamma, config.td_lambda).reshape(-1)
         if not config.q_value:
             advantages = (returns - values)[:, None]
         return returns, actions, advantages, log_mu, q
@@ -365,7 +360,6 @@ def make_trainer(config: Config) -> run.Trainer:
             done = jnp.logical_or(terminated, truncated)
             transition = Transition(runner.obs, action, reward, terminated, done, info["final_observation"], inputs,
                                     inputs)  # next_inputs: filled in below, batched
-
             stats = envs.update_episode_stats(runner.stats, reward, done)
             return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
 
@@ -403,18 +397,20 @@ def make_trainer(config: Config) -> run.Trainer:
             return step
 
         (critic_params, critic_opt), critic_metrics = jax.lax.scan(
-            sgd_step(critic_loss, critic_tx, config.value_batch_size), (runner.critic, runner.critic_opt), jax.random.split(critic_key, config.value_steps))
+            sgd_step(critic_loss, critic_tx, config.value_batch_size), (runner.critic, runner.critic_opt),
+            jax.random.split(critic_key, config.value_steps))
 
         # ADVANTAGES: plain AWR recomputes them with the updated critic (A = G - V);
         # Sampling AWR keeps the target copy's A_k = Q(s, a_k) - V(s).
         if not config.q_value:
             returns, actions, advantages, log_mu, _ = targets_and_samples(critic_params, replay.data, target_key)
-        raw = advantages
+        # Standardized over the valid replay of every device.
         mask = valid[:, None].astype(jnp.float32)
-        mean = jax.lax.pmean(jnp.sum(raw * mask) / jnp.sum(mask) / K, devices.DEVICE_AXIS)
-        var = jax.lax.pmean(jnp.sum((raw - mean) ** 2 * mask) / jnp.sum(mask) / K, devices.DEVICE_AXIS)
+        masked_mean = lambda x: jnp.sum(x * mask) / jnp.sum(mask) / K  # noqa: E731
+        mean = jax.lax.pmean(masked_mean(advantages), devices.DEVICE_AXIS)
+        var = jax.lax.pmean(masked_mean((advantages - mean) ** 2), devices.DEVICE_AXIS)
         if not config.no_normalize_advantages:
-            advantages = (raw - mean) / (jnp.sqrt(var) + 1e-8)
+            advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
         weights = awr_weights(advantages, config.beta, config.w_max)
         # m_k / sum_k m_k per state: m_k = mu(a_k|s) when every action is enumerated, else 1.
         loss_weights = weights * jnp.exp(log_mu) if enumerate_all else weights / K
@@ -428,7 +424,6 @@ def make_trainer(config: Config) -> run.Trainer:
             policy_step, (runner.policy, runner.policy_opt), jax.random.split(policy_key, config.policy_steps))
 
         # METRICS: scalar means over the valid replay, identical on every device.
-        masked_mean = lambda x: jnp.sum(x * mask) / jnp.sum(mask) / K  # noqa: E731
         metrics = {k: jnp.mean(v) for k, v in policy_metrics.items() if k != "grad_norm"}
         metrics.update({
             "loss/value": jnp.mean(critic_metrics["loss/value"]),
