@@ -1,7 +1,7 @@
 """Every algorithm script side by side on CartPole-v1, each with its default flags.
 
-    .venv/bin/python bench/algos.py            # 2 rounds, ~5 min on 2 cores
-    .venv/bin/python bench/algos.py --runs 3
+    .venv/bin/python bench/side_by_side.py            # 2 rounds, ~5 min on 2 cores
+    .venv/bin/python bench/side_by_side.py --runs 3
 
 Each run is a separate process (`--n-devices 1 --eval-every 0 --no-compile-cache`,
 so every run compiles from scratch), one round runs every entry once, and rounds
@@ -18,7 +18,6 @@ import importlib.metadata as md
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -26,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from results import machine, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Algorithms side by side, CartPole-v1"
@@ -74,21 +75,11 @@ def table(results: dict[str, list[dict]]) -> str:
     return "\n".join(rows)
 
 
-def write_results(path: Path, body: str) -> None:
-    """Replaces SECTION (up to the next '## ' heading) in path, or appends it."""
-    text = path.read_text()
-    section = f"{SECTION}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
-    path.write_text(text.rstrip() + "\n")
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--runs", type=int, default=2, help="rounds; round i uses seed SEED + i")
     p.add_argument("--seed", type=int, default=0, help="seed of the first round")
-    p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update")
     p.add_argument("--no-write", action="store_true", help="print the table only, leave RESULTS.md alone")
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per run")
     args = p.parse_args()
@@ -107,15 +98,13 @@ def main():
     print("\n" + tbl)
     if args.no_write:
         return
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     commands = "\n".join(f".venv/bin/python {' '.join(e)} {' '.join(COMMON)} --seed SEED" for e in ENTRIES.values())
     body = f"""
-Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with `.venv/bin/python bench/algos.py --runs {args.runs} --seed {args.seed}`.
+Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with `.venv/bin/python bench/side_by_side.py --runs {args.runs} --seed {args.seed}`.
 
-- Machine: {cpu}, {os.cpu_count()} cores; load average at start/end: {load_start:.2f} / {os.getloadavg()[0]:.2f}
+- Machine: {machine()}; load average at start/end: {load_start:.2f} / {os.getloadavg()[0]:.2f}
 - Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit `{commit}`
 
 Commands (each script's defaults otherwise; round i uses SEED = {args.seed} + i, the entries run one after the other):
@@ -132,8 +121,8 @@ actions) average at least 475, per round. Greedy return: 32 episodes after train
 
 {tbl}
 """
-    write_results(Path(args.results), body)
-    print(f"\nwrote {args.results}")
+    write_section(SECTION, body)
+    print("\nwrote bench/RESULTS.md")
 
 
 if __name__ == "__main__":
