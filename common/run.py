@@ -258,6 +258,43 @@ def load_checkpoint(path: Path, template):
     return jax.tree.unflatten(treedef, leaves), int(meta["epoch"])
 
 
+def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = None) -> Callable:
+    """The greedy policy of a saved run: `act(obs, key=None) -> action`.
+
+    `obs` is one observation or a batch `[N, *obs_shape]`; the action keeps the
+    batch axis. A run of several seeds (`--num-seeds`) gives actions of every seed,
+    `[num_seeds, ...]`, unless `seed` picks one.
+
+        act = run.load_agent("runs/awr-...", awr.Config, awr.make_trainer)
+    """
+    run_dir = Path(run_dir)
+    config = load_config(config_cls, run_dir)
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is None:
+        raise ValueError(f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
+    with np.load(ckpt, allow_pickle=False) as data:  # the state's leading axis counts the run's devices
+        n_devices = json.loads(bytes(data["meta"]).decode())["leaves"][0][0][0]
+    trainer = make_trainer(dataclasses.replace(config, n_devices=n_devices))
+    keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, n_devices)
+    state, _ = load_checkpoint(ckpt, jax.eval_shape(devices.compile_init(trainer.init), keys))
+    params = jax.tree.map(lambda x: x[0], trainer.params(state))  # as held by device 0: [num_seeds, ...]
+    if seed is not None or config.num_seeds == 1:
+        _require(0 <= (seed or 0) < config.num_seeds, f"seed={seed}: the run has {config.num_seeds} seed(s)")
+        params = jax.tree.map(lambda x: x[seed or 0], params)
+    obs_ndim = len(trainer.env.observation_space(trainer.env_params).shape)
+
+    @jax.jit
+    def greedy(obs, key):
+        act = lambda p, o: trainer.act(p, o, key)  # noqa: E731
+        if obs.ndim > obs_ndim:  # a batch
+            act = jax.vmap(act, (None, 0))
+        if seed is None and config.num_seeds > 1:
+            act = jax.vmap(act, (0, None))
+        return act(params, obs)
+
+    return lambda obs, key=None: greedy(jnp.asarray(obs), jax.random.PRNGKey(0) if key is None else key)
+
+
 # ----------------------------------------------------------------------------
 # Logging
 # ----------------------------------------------------------------------------

@@ -119,3 +119,31 @@ def test_resumed_logger_drops_epochs_after_the_checkpoint(tmp_path):
     path.write_text("".join(json.dumps({"epoch": e}) + "\n" for e in range(1, 8)))
     run.Logger(Toy(), tmp_path, is_chief=True, start_epoch=5)
     assert [json.loads(l)["epoch"] for l in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def test_load_agent_acts_as_the_saved_policy(tmp_path):
+    import jax
+
+    from algos import ppo_joint
+
+    config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=128, num_seeds=2, n_devices=2, eval_every=0,
+                              eval_episodes=2, out_dir=str(tmp_path))
+    run.train(config, ppo_joint.make_trainer, "ppo_joint")
+    act = run.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer)
+    obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    both = np.asarray(act(obs))
+    assert both.shape == (2, 5) and np.asarray(act(obs[0])).shape == (2,)
+    first = run.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer, seed=1)
+    np.testing.assert_array_equal(first(obs), both[1])
+    # the same actions as the trainer's own greedy policy on the checkpoint's parameters (device 0, seed 1)
+    trainer = ppo_joint.make_trainer(config)
+    state, _ = run.load_checkpoint(run.latest_checkpoint(tmp_path / "checkpoints"), jax.eval_shape(
+        run.devices.compile_init(trainer.init), run.devices.seed_keys(jax.random.PRNGKey(0), 2, 2)))
+    params = jax.tree.map(lambda x: x[0, 1], state.params)
+    np.testing.assert_array_equal(both[1], [int(trainer.act(params, o, None)) for o in obs])
+    with pytest.raises(ValueError, match="the run has 2 seed"):
+        run.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer, seed=2)
+    with pytest.raises(ValueError, match="no checkpoint"):
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "empty" / "config.json").write_text((tmp_path / "config.json").read_text())
+        run.load_agent(tmp_path / "empty", ppo_joint.Config, ppo_joint.make_trainer)
