@@ -475,16 +475,17 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     def first_device(state):  # the parameters of every seed, as held by device 0: [num_seeds, ...]
         return jax.device_put(trainer.params(devices.unreplicate(state)), jax.local_devices()[0])
 
-    def init_and_eval():
-        ready = state if state is not None else init_lowered.compile(FAST_COMPILE)(keys)
-        return ready, evaluate_seeds.lower(first_device(ready), eval_key).compile(FAST_COMPILE)
+    def compile_init_and_eval():  # only compiles: running a program beside a compile once hung in XLA:CPU
+        params = jax.eval_shape(first_device, template)
+        return init_lowered.compile(FAST_COMPILE), evaluate_seeds.lower(params, eval_key).compile(FAST_COMPILE)
 
     with ThreadPoolExecutor(1) as pool:
-        side = pool.submit(init_and_eval)
+        side = pool.submit(compile_init_and_eval)
         k = epochs_per_call(trainer.steps_per_epoch, trainer.num_epochs)
         epochs_fn = None if config.eval_only else devices.compile_epoch(
             chunk_epochs(trainer.epoch, k), n_devices, n_shared=1).lower(template, 1).compile()
-        state, eval_fn = side.result()
+        init_fn, eval_fn = side.result()
+    state = state if state is not None else init_fn(keys)
     compile_time = time.time() - t0
 
     def evaluate_now(epoch):
