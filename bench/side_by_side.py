@@ -36,6 +36,10 @@ ENTRIES = {
     "ppo_joint": ["algos/ppo_joint.py"],
     "awr": ["algos/awr.py"],
     "awr --q-value --n-samples 4": ["algos/awr.py", "--q-value", "--n-samples", "4"],
+    "actor_critic": ["algos/actor_critic.py"],
+    "actor_critic --loss ppo": ["algos/actor_critic.py", "--loss", "ppo", "--policy-train-steps", "16",
+                                "--policy-batch-size", "256"],
+    "reinforce --baseline": ["algos/reinforce.py", "--baseline"],
 }
 COMMON = ["--env", "CartPole-v1", "--n-devices", "1", "--eval-every", "0", "--no-compile-cache"]
 

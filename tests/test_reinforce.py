@@ -1,0 +1,191 @@
+"""algos/reinforce.py: the loss, the compiled epoch, devices, bad input, CLI, learning.
+
+The returns and the baseline are tested in tests/test_estimators.py. Sizes are
+tiny (CartPole-v1, 4 envs x 32 steps).
+"""
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gymnax.environments import spaces
+
+from algos import reinforce
+from algos.reinforce import Batch, Config, make_trainer, reinforce_loss
+from common import devices, run
+from common.distributions import make_distribution
+
+pytestmark = pytest.mark.usefixtures("jax_compile_cache")
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(num_envs=4, num_steps=32, batch_size=64, train_steps=2, total_steps=4 * 32 * 20, baseline=True)
+NUM_SEEDS = 2
+
+
+def tiny(**overrides) -> Config:
+    return Config(**{**TINY, "n_devices": 1, **overrides})
+
+
+def run_keys(seed: int, n_devices: int = 1):
+    """The init keys `train()` builds for `--seed seed`."""
+    _, _, rng = devices.init_host_and_devices(n_devices, seed)
+    return devices.seed_keys(jax.random.split(rng)[0], NUM_SEEDS, n_devices)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(**overrides):
+    """`(config, init, epoch)` mapped as train() maps them, compiled quickly (these run a few times only)."""
+    config = tiny(**overrides)
+    trainer = make_trainer(config)
+    keys = run_keys(0, config.n_devices)
+    init = devices.compile_init(trainer.init).lower(keys)
+    epoch = devices.compile_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
+    return config, init.compile(run.FAST_COMPILE), epoch.compile(run.FAST_COMPILE)
+
+
+def host(tree):
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def test_loss_matches_numpy():
+    dist = make_distribution(spaces.Discrete(3))
+    params = reinforce.init_network(jax.random.PRNGKey(0), 4, (16, 8), dist)
+    params["head"]["w"] = params["head"]["w"] * 100  # probabilities well away from uniform
+    rng = np.random.default_rng(0)
+    batch = Batch(obs=jnp.asarray(rng.normal(size=(50, 4)), jnp.float32),
+                  action=jnp.asarray(rng.integers(0, 3, size=50), jnp.int32),
+                  log_prob=jnp.asarray(np.log(1 / 3) + rng.normal(size=50) * 0.3, jnp.float32),
+                  weight=jnp.asarray(rng.normal(size=50) * 10, jnp.float32))
+    loss, metrics = jax.jit(reinforce_loss, static_argnums=(2, 3))(params, batch, dist, "relu")
+
+    x = np.asarray(batch.obs, np.float64)
+    for layer in params["torso"]:
+        x = np.maximum(x @ np.asarray(layer["w"]) + np.asarray(layer["b"]), 0)
+    logits = x @ np.asarray(params["head"]["w"]) + np.asarray(params["head"]["b"])
+    log_pi = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    log_prob = log_pi[np.arange(50), np.asarray(batch.action)]
+    ratio = np.exp(log_prob - np.asarray(batch.log_prob))
+    expected = {"loss/policy": -np.mean(np.asarray(batch.weight) * log_prob),
+                "policy/entropy": np.mean(-(np.exp(log_pi) * log_pi).sum(-1)),
+                "policy/log_prob_mean": log_prob.mean(),
+                "reinforce/approx_kl": np.mean(ratio - 1 - np.log(ratio))}
+    assert set(metrics) == set(expected)
+    np.testing.assert_allclose(loss, expected["loss/policy"], rtol=1e-4)
+    for key, value in expected.items():
+        np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+KEYS = ("loss/policy", "policy/entropy", "policy/log_prob_mean", "policy/preferred_move", "reinforce/approx_kl",
+        "reinforce/return_mean", "optim/grad_norm", "episode/return", "episode/length", "episode/count")
+
+
+def test_epoch():
+    config, init, epoch = compiled()
+    state = init(run_keys(0))
+    new_state, metrics = host(epoch(state))
+    assert set(metrics) == set(KEYS)
+    for key, value in metrics.items():
+        chex.assert_shape(value, (1, NUM_SEEDS))
+        assert np.all(np.isfinite(value)), key
+    assert np.all(metrics["episode/count"] > 0)
+    np.testing.assert_allclose(metrics["episode/return"], metrics["episode/length"])  # reward 1 per step
+    # returns of about 20-step random episodes, cut by the rollout's end: well above 1, below 1 / (1 - gamma)
+    assert np.all((metrics["reinforce/return_mean"] > 3) & (metrics["reinforce/return_mean"] < 20))
+    assert np.all(metrics["reinforce/approx_kl"] > 0)  # the second step sees a moved policy
+    for x, y in zip(jax.tree.leaves(host(state.params)), jax.tree.leaves(new_state.params)):
+        assert not np.array_equal(x, y)
+    counts = [x for x in jax.tree.leaves(new_state.opt_state) if x.dtype == np.int32]
+    assert counts and all(np.all(x == config.train_steps) for x in counts)
+    again, _ = host(epoch(state))
+    chex.assert_trees_all_equal(again, new_state)
+    seed0, seed1 = (jax.tree.map(lambda x, i=i: x[:, i], new_state) for i in range(2))
+    assert not np.array_equal(seed0.obs, seed1.obs)
+    assert not np.array_equal(seed0.params["torso"][0]["w"], seed1.params["torso"][0]["w"])
+
+
+def test_two_device_pendulum_epoch_keeps_devices_in_sync():
+    _, init, epoch = compiled(env="Pendulum-v1", num_steps=16, n_devices=2)
+    state = init(run_keys(0, n_devices=2))
+    chex.assert_shape(state.obs, (2, NUM_SEEDS, 2, 3))  # the 4 envs split over 2 devices
+    state, metrics = host(epoch(state))
+    np.testing.assert_allclose(metrics["policy/entropy"], 1.419, atol=0.05)  # 0.5 log(2 pi e), std 1
+    state, metrics = host(epoch(state))
+    first, second = (jax.tree.map(lambda x, i=i: x[i], state) for i in range(2))
+    chex.assert_trees_all_equal(first.params, second.params)
+    chex.assert_trees_all_equal(first.opt_state, second.opt_state)
+    assert not np.array_equal(first.obs, second.obs)  # devices explore differently
+    chex.assert_trees_all_equal(*(jax.tree.map(lambda x, i=i: x[i], metrics) for i in range(2)))
+    # Pendulum pays -16.3 at worst per step: returns of 16 steps or fewer are negative and above -16.3 * 16
+    assert np.all((metrics["reinforce/return_mean"] < 0) & (metrics["reinforce/return_mean"] > -16.3 * 16))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(train_steps=0), "--train-steps must be at least 1"),
+    (dict(lr=-1.0), "--lr -1.0: use a positive"),
+    (dict(gamma=2.0), "--gamma 2.0"),
+    (dict(max_grad_norm=-0.5), "--max-grad-norm -0.5"),
+    (dict(hidden=(0,)), "--hidden"),
+])
+def test_bad_config_is_rejected(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        Config(**{**TINY, **overrides})
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(batch_size=129), r"--batch-size 129: .* at most 4 envs x 32 steps = 128"),
+    (dict(batch_size=63, n_devices=2), r"--batch-size 63: use a multiple of --n-devices 2"),
+    (dict(num_envs=3, n_devices=2), r"--num-envs 3 .*--n-devices 2"),
+    (dict(std="network"), r"--std network.*discrete"),
+    (dict(env="Catch"), r"--env 'Catch'.*Catch-bsuite"),
+    (dict(total_steps=127), r"--total-steps 127 .*one epoch"),
+])
+def test_bad_input_rejected_before_compiling(overrides, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        run.train(tiny(**overrides, out_dir=str(tmp_path / "run")), make_trainer)
+    assert not (tmp_path / "run").exists()
+
+
+def cli(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
+    env.update(WANDB_MODE="disabled", JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, str(ROOT / "algos" / "reinforce.py"), *map(str, args)], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_help_lists_every_flag(tmp_path):
+    out = cli("--help", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    for field in dataclasses.fields(Config):
+        assert "--" + field.name.replace("_", "-") in text, field.name
+    assert "--baseline [BOOL] subtract the mean return" in text
+
+
+@pytest.mark.slow  # about 15-35 s: import, then a full compile in a fresh process
+def test_cli_writes_outputs(tmp_path):
+    out_dir = tmp_path / "run"
+    out = cli("--num-envs", 4, "--num-steps", 32, "--batch-size", 128, "--total-steps", 256, "--num-seeds", 2,
+              "--baseline", "--eval-episodes", 2, "--no-compile-cache", "--out-dir", out_dir, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "eval return" in out.stdout
+    assert json.loads((out_dir / "config.json").read_text())["baseline"] is True
+    lines = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == [1, 2] and "reinforce/return_mean" in lines[-1]
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["env_steps"] == 256 and len(summary["eval_return_per_seed"]) == 2
+    assert all(np.isfinite(summary[k]) for k in ("eval_return", "wall_time_s", "compile_time_s", "sps"))
+
+
+@pytest.mark.slow
+def test_reinforce_with_baseline_learns_cartpole(tmp_path):
+    config = Config(baseline=True, seed=0, n_devices=1, eval_every=0, total_steps=300_000, out_dir=str(tmp_path))
+    summary = run.train(config, make_trainer, "reinforce")
+    assert summary["eval_return"] >= 400, summary
