@@ -434,7 +434,7 @@ def make_trainer(config: Config) -> run.Trainer:
             "awr/weight_mean": masked_mean(weights),
             "awr/weight_max": jnp.max(jnp.where(valid[:, None], weights, 0.0)),
             "awr/weight_clipped_fraction": masked_mean(advantages / config.beta >= jnp.log(config.w_max)),
-            "replay/size": n_valid.astype(jnp.float32),
+            "replay/size": (n_valid * n_devices).astype(jnp.float32),  # transitions stored, all devices
         })
         if config.q_value:
             metrics["q/mean"] = masked_mean(q)

@@ -211,7 +211,7 @@ def test_two_device_epochs_fill_the_replay_and_keep_devices_in_sync(flags):
     for i in range(1, 5):
         state, metrics = epoch(state)
         metrics = jax.device_get(metrics)
-        np.testing.assert_array_equal(metrics["replay/size"], min(i, TINY["n_replay_epochs"]) * 16 * 2)
+        np.testing.assert_array_equal(metrics["replay/size"], min(i, TINY["n_replay_epochs"]) * 16 * 4)
     state = jax.device_get(state)
     first, second = (jax.tree.map(lambda x, i=i: x[i], state) for i in range(2))
     chex.assert_trees_all_equal(first.policy, second.policy)

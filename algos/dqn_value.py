@@ -1,0 +1,377 @@
+"""DQN value agent: a Q network trained on n-step targets from a replay buffer.
+
+Trax's `ValueAgent` / `DQN` (Mnih et al. 2015, "Human-level control through
+deep reinforcement learning", Nature 518; double DQN: van Hasselt et al. 2016,
+arXiv:1509.06461). One epoch -- epsilon-greedy collection in vectorized gymnax
+environments, storing the rollout in a ring buffer, and gradient steps on
+batches sampled from it, with periodic target-network syncs -- is one compiled
+function; Python only loops over epochs.
+
+    python algos/dqn_value.py                    # CartPole-v1
+    python algos/dqn_value.py --env Acrobot-v1   # greedy return about -80 after the default 100k steps
+
+n-step targets are formed when a batch is sampled, not at collection: the
+replay keeps each environment's steps in time order, across epochs, so a
+window can run on past the end of the rollout it started in. A window stops at
+the first episode end (terminated: no bootstrap; truncated: bootstrap from the
+final observation) and at the newest stored step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Literal, NamedTuple
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import chex  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from common import devices, envs, run  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(run.RunConfig):
+    total_steps: int = 100_000
+    """environment steps to train for (per seed)"""
+    num_envs: int = 10
+    """parallel environments (split over devices)"""
+    num_steps: int = 10
+    """steps per environment per epoch"""
+    update_steps: int = 50
+    """gradient steps per epoch, each on --batch-size transitions sampled from the replay"""
+    batch_size: int = 100
+    """transitions per gradient step, all devices together (split over devices)"""
+    n_replay_epochs: int = 500
+    """replay buffer: the transitions of the last this many epochs (a ring buffer)"""
+    lr: float = 1e-3
+    """Adam learning rate"""
+    no_anneal_lr: bool = False
+    """keep the learning rate constant instead of annealing it linearly to 0"""
+    max_grad_norm: float = 1.0
+    """clip gradients to this global norm (0: no clipping)"""
+    gamma: float = 0.99
+    """discount"""
+    n_step: int = 3
+    """n of the n-step targets: sum_{k<n} gamma^k r_{t+k} + gamma^n max_a Q_target(s_{t+n}, a), cut at episode ends"""
+    sync_freq: int = 500
+    """copy the online network into the target network every this many gradient steps"""
+    double_dqn: bool = False
+    """bootstrap with Q_target(s', argmax_a Q_online(s', a)) instead of max_a Q_target(s', a)"""
+    loss: Literal["huber", "l2"] = "huber"
+    """huber: Huber(Q - y) with delta 1; l2: (Q - y)^2"""
+    scale_value_targets: bool = False
+    """train the network on targets times (1 - gamma); Q = its outputs / (1 - gamma)"""
+    eps_start: float = 1.0
+    """exploration: epsilon(epoch) = max(eps_min, eps_start * eps_decay ** epoch)"""
+    eps_decay: float = 0.99
+    """per-epoch decay factor of epsilon"""
+    eps_min: float = 0.1
+    """lowest epsilon"""
+    hidden: tuple[int, ...] = (64, 64)
+    """body layer widths"""
+    activation: Literal["relu", "tanh"] = "relu"
+    """body activation"""
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("num_envs", "num_steps", "update_steps", "batch_size", "n_replay_epochs"):
+            run._require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+        run._require(self.n_step >= 1, f"--n-step {self.n_step}: use 1 (one-step targets) or more")
+        run._require(self.sync_freq >= 1, f"--sync-freq {self.sync_freq}: use 1 (sync after every "
+                                          f"gradient step) or more")
+        run._require(self.replay_size >= self.batch_size,
+                     f"--n-replay-epochs {self.n_replay_epochs}: the replay holds {self.replay_size} transitions "
+                     f"({self.n_replay_epochs} epochs x {self.num_envs} envs x {self.num_steps} steps), fewer "
+                     f"than --batch-size {self.batch_size}; keep more epochs or use a smaller batch")
+        run._require(self.n_step <= self.n_replay_epochs * self.num_steps,
+                     f"--n-step {self.n_step} is longer than the replay's {self.n_replay_epochs * self.num_steps} "
+                     f"steps per environment; use a smaller --n-step or more --n-replay-epochs")
+        run._require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
+        run._require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
+        run._require(self.gamma < 1 or not self.scale_value_targets,
+                     "--scale-value-targets divides by 1 - gamma: use --gamma below 1")
+        run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        for name in ("eps_start", "eps_min"):
+            value = getattr(self, name)
+            run._require(0 <= value <= 1, f"--{name.replace('_', '-')} {value}: use a value in [0, 1]")
+        run._require(0 < self.eps_decay <= 1, f"--eps-decay {self.eps_decay}: use a value in (0, 1]")
+        run._require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
+
+    @property
+    def replay_size(self) -> int:
+        """Transitions the replay holds when full, all devices together."""
+        return self.n_replay_epochs * self.num_envs * self.num_steps
+
+
+# ----------------------------------------------------------------------------
+# Network: plain functions over a parameter pytree
+# ----------------------------------------------------------------------------
+def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
+    w = jax.nn.initializers.orthogonal(scale)(key, (n_in, n_out), jnp.float32)
+    return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
+
+
+def init_network(key, obs_dim: int, hidden: tuple, n_actions: int) -> dict:
+    keys = jax.random.split(key, len(hidden) + 1)
+    sizes = (obs_dim,) + tuple(hidden)
+    return {
+        "body": [dense_init(k, a, b, np.sqrt(2)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])],
+        "head": dense_init(keys[-1], sizes[-1], n_actions, 1.0),
+    }
+
+
+def network(params: dict, obs: jax.Array, activation: str) -> jax.Array:
+    """One observation -> the network's outputs, one per action `[A]` (Q = outputs * scale)."""
+    act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[activation]
+    x = jnp.ravel(obs).astype(jnp.float32)
+    for layer in params["body"]:
+        x = act(x @ layer["w"] + layer["b"])
+    return x @ params["head"]["w"] + params["head"]["b"]
+
+
+# ----------------------------------------------------------------------------
+# Records
+# ----------------------------------------------------------------------------
+class Transition(NamedTuple):
+    obs: jax.Array  # s_t
+    action: jax.Array
+    reward: jax.Array
+    terminated: jax.Array  # no future: no bootstrap
+    done: jax.Array  # terminated or truncated: an n-step window stops here
+    next_obs: jax.Array  # s_{t+1} before any reset (bootstraps truncated episodes)
+
+
+class Batch(NamedTuple):
+    obs: jax.Array  # s_t
+    action: jax.Array  # a_t
+    returns: jax.Array  # G = sum_{k<m} gamma^k r_{t+k}, m <= n the window's length
+    discount: jax.Array  # gamma^m, or 0 if the window ends in a termination
+    boot_obs: jax.Array  # s'_{t+m-1}: the observation the target bootstraps from
+
+
+class RunnerState(NamedTuple):
+    params: dict
+    target_params: dict  # copied from params every sync_freq gradient steps
+    opt_state: optax.OptState
+    env_state: chex.ArrayTree  # [B] environments of this device
+    obs: jax.Array  # [B, *obs_shape]
+    replay: Transition  # ring buffer, [R, B, ...]: R = n_replay_epochs * num_steps rows in time order
+    replay_pos: jax.Array  # [] next row to write
+    replay_rows: jax.Array  # [] rows filled so far (at most R)
+    stats: envs.EpisodeStats
+    epoch: jax.Array  # [] epochs done (drives epsilon)
+    step: jax.Array  # [] gradient steps done (drives the target sync)
+    key: jax.Array  # differs per device
+
+
+# ----------------------------------------------------------------------------
+# Pure math
+# ----------------------------------------------------------------------------
+def epsilon_schedule(epoch, eps_start: float, eps_decay: float, eps_min: float):
+    """epsilon(epoch) = max(eps_min, eps_start * eps_decay ** epoch) (Trax's multifactor schedule)."""
+    return jnp.maximum(eps_min, eps_start * eps_decay ** jnp.asarray(epoch, jnp.float32))
+
+
+def n_step_return(rewards, terminated, cut, gamma: float):
+    """n-step discounted rewards of `[N, n]` windows of steps t, t+1, ..., t+n-1.
+
+    The window stops at its first `cut` (an episode end, or the newest stored
+    step) or after n steps; m = its length. Returns
+    `(G = sum_{k<m} gamma^k r_{t+k}, discount = gamma^m (1 - terminated_{t+m-1}), last = m - 1)`:
+    the target is `G + discount * Q_target(s'_{t+m-1})`, with s' the observation
+    after that step before any reset, so a truncated episode bootstraps from its
+    final observation and a terminated one not at all.
+    """
+    chex.assert_rank([rewards, terminated, cut], 2)
+    chex.assert_equal_shape([rewards, terminated, cut])
+    k = jnp.arange(rewards.shape[1])
+    last = jnp.argmax(jnp.logical_or(cut, k == k[-1]), axis=1)  # the first cut, or the window's end
+    inside = (k[None, :] <= last[:, None]).astype(jnp.float32)
+    returns = jnp.sum(gamma ** k * rewards * inside, axis=1)
+    ended = jnp.take_along_axis(terminated, last[:, None], axis=1)[:, 0]
+    discount = gamma ** (last + 1.0) * (1.0 - ended.astype(jnp.float32))
+    return returns, discount, last
+
+
+def bootstrap_value(q_target, q_online, double: bool):
+    """max_a Q_target(s', a); double DQN: Q_target(s', argmax_a Q_online(s', a)). `[N, A] -> [N]`."""
+    chex.assert_rank([q_target, q_online], 2)
+    chex.assert_equal_shape([q_target, q_online])
+    best = jnp.argmax(q_online if double else q_target, axis=-1)
+    return jnp.take_along_axis(q_target, best[:, None], axis=-1)[:, 0]
+
+
+def td_loss(q, targets, kind: str):
+    """mean Huber(q - y) (delta 1: 0.5 x^2 for |x| <= 1, |x| - 0.5 beyond) or mean (q - y)^2."""
+    chex.assert_rank([q, targets], 1)
+    chex.assert_equal_shape([q, targets])
+    error = q - targets
+    return jnp.mean({"huber": optax.huber_loss(error, delta=1.0), "l2": error ** 2}[kind])
+
+
+def dqn_loss(params, target_params, batch: Batch, config: Config):
+    """TD loss of Q(s_t, a_t) against y = G + discount * Q_target(s', a*), and its diagnostics.
+
+    No gradient flows through y. With --scale-value-targets the network emits
+    Q * (1 - gamma), and the loss compares those outputs with y * (1 - gamma).
+    """
+    scale = 1.0 / (1.0 - config.gamma) if config.scale_value_targets else 1.0
+    q_values = jax.vmap(lambda p, obs: scale * network(p, obs, config.activation), (None, 0))
+    q_next = q_values(target_params, batch.boot_obs)
+    q_online = q_values(params, batch.boot_obs) if config.double_dqn else q_next
+    targets = jax.lax.stop_gradient(
+        batch.returns + batch.discount * bootstrap_value(q_next, q_online, config.double_dqn))
+    q = jnp.take_along_axis(q_values(params, batch.obs), batch.action[:, None], axis=-1)[:, 0]
+    loss = td_loss(q / scale, targets / scale, config.loss)
+    return loss, {"loss/value": loss, "q/mean": jnp.mean(q), "q/target_mean": jnp.mean(targets)}
+
+
+def write_rows(replay: Transition, rows: Transition, pos) -> Transition:
+    """Writes `[T, B, ...]` rows into the `[R, B, ...]` ring at row `pos` (R a multiple of T, pos of T)."""
+    chex.assert_rank([replay.reward, rows.reward], 2)
+    chex.assert_trees_all_equal_structs(replay, rows)
+    return jax.tree.map(lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, pos, axis=0), replay, rows)
+
+
+def sample_batch(replay: Transition, pos, filled, key, n_samples: int, n_step: int, gamma: float) -> Batch:
+    """`n_samples` transitions drawn uniformly from the filled rows, with their n-step targets' parts.
+
+    Each environment's column of the ring holds its steps in time order, so a
+    window runs on from the sampled row (wrapping around the ring) until an
+    episode end or the newest row `pos - 1`, after which come older or empty rows.
+    """
+    chex.assert_rank([replay.reward, replay.done, replay.terminated], 2)
+    size, n_envs = replay.reward.shape
+    row_key, env_key = jax.random.split(key)
+    start = jax.random.randint(row_key, (n_samples,), 0, filled)
+    env = jax.random.randint(env_key, (n_samples,), 0, n_envs)
+    rows = (start[:, None] + jnp.arange(n_step)) % size  # [N, n]
+    window = lambda x: x[rows, env[:, None]]  # noqa: E731  [R, B] -> [N, n]
+    cut = window(replay.done) | (rows == (pos - 1) % size)
+    returns, discount, last = n_step_return(window(replay.reward), window(replay.terminated), cut, gamma)
+    boot_row = jnp.take_along_axis(rows, last[:, None], axis=1)[:, 0]
+    return Batch(replay.obs[start, env], replay.action[start, env], returns, discount,
+                 replay.next_obs[boot_row, env])
+
+
+# ----------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------
+def make_trainer(config: Config) -> run.Trainer:
+    from gymnax.environments import spaces
+
+    env, env_params = envs.make_env(config.env)
+    space = env.action_space(env_params)
+    if not isinstance(space, spaces.Discrete):
+        raise ValueError(f"--env {config.env}: DQN needs discrete actions (one Q output per action), and its "
+                         f"action space is {type(space).__name__}; use an environment with Discrete actions")
+    n_actions = int(space.n)
+    n_devices = config.n_devices or jax.local_device_count()
+    for name in ("num_envs", "batch_size"):
+        if getattr(config, name) % n_devices:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(config, name)} is not divisible by "
+                             f"--n-devices {n_devices}; use a multiple of {n_devices}")
+    envs_per_device, batch_per_device = config.num_envs // n_devices, config.batch_size // n_devices
+    steps_per_epoch = config.num_envs * config.num_steps
+    num_epochs = config.total_steps // steps_per_epoch
+    if num_epochs < 1:
+        raise ValueError(f"--total-steps {config.total_steps} is less than one epoch "
+                         f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
+    obs_shape = tuple(env.observation_space(env_params).shape)
+    replay_rows = config.n_replay_epochs * config.num_steps
+    n_updates = num_epochs * config.update_steps
+    lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
+    clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
+    # one flat vector for the optimiser: a few large kernels per step instead of a few per layer
+    tx = optax.flatten(optax.chain(clip, optax.adam(lr)))
+    q_values = jax.vmap(network, (None, 0, None))
+    step_envs = jax.vmap(env.step, (0, 0, 0, None))
+
+    def init(key) -> RunnerState:
+        param_key, env_key = jax.random.split(key)  # same on every device
+        params = init_network(param_key, int(np.prod(obs_shape)), config.hidden, n_actions)
+        reset_key, run_key = jax.random.split(devices.device_key(env_key))
+        obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
+        zeros = lambda shape, dtype: jnp.zeros((replay_rows, envs_per_device) + shape, dtype)  # noqa: E731
+        replay = Transition(zeros(obs_shape, obs.dtype), zeros((), jnp.int32), zeros((), jnp.float32),
+                            zeros((), jnp.bool_), zeros((), jnp.bool_), zeros(obs_shape, obs.dtype))
+        zero = jnp.int32(0)
+        return RunnerState(params, params, tx.init(params), env_state, obs, replay, zero, zero,
+                           envs.init_episode_stats(envs_per_device), zero, zero, run_key)
+
+    def epoch(runner: RunnerState):
+        # COLLECT: T epsilon-greedy steps of B environments.
+        epsilon = epsilon_schedule(runner.epoch, config.eps_start, config.eps_decay, config.eps_min)
+
+        def env_step(runner: RunnerState, _):
+            key, explore_key, random_key, step_key = jax.random.split(runner.key, 4)
+            greedy = jnp.argmax(q_values(runner.params, runner.obs, config.activation), axis=-1)
+            explore = jax.random.uniform(explore_key, (envs_per_device,)) < epsilon
+            action = jnp.where(explore, jax.random.randint(random_key, (envs_per_device,), 0, n_actions), greedy)
+            obs, env_state, reward, terminated, truncated, info = step_envs(
+                jax.random.split(step_key, envs_per_device), runner.env_state, action, env_params)
+            done = jnp.logical_or(terminated, truncated)
+            transition = Transition(runner.obs, action.astype(jnp.int32), reward.astype(jnp.float32),
+                                    terminated, done, info["final_observation"])
+            stats = envs.update_episode_stats(runner.stats, reward, done)
+            return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
+
+        runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
+        runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
+
+        # STORE: the rollout overwrites the oldest epoch's rows of the ring buffer.
+        replay = write_rows(runner.replay, traj, runner.replay_pos)
+        pos = (runner.replay_pos + config.num_steps) % replay_rows
+        filled = jnp.minimum(runner.replay_rows + config.num_steps, replay_rows)
+
+        # TARGETS: every update step's batch is drawn at once (the draws do not depend
+        # on the parameters); y = G + gamma^m * Q_target(s'_{t+m-1}, a*) is completed
+        # in the step, with the target network of that step.
+        key, sample_key = jax.random.split(runner.key)
+        batches = sample_batch(replay, pos, filled, sample_key, config.update_steps * batch_per_device,
+                               config.n_step, config.gamma)
+        batches = jax.tree.map(lambda x: x.reshape((config.update_steps, batch_per_device) + x.shape[1:]),
+                               batches)  # [U * N, ...] -> [U, N, ...]
+
+        # UPDATE: gradient steps on the sampled batches; gradients averaged over devices.
+        def update_step(carry, batch: Batch):
+            params, target_params, opt_state, step = carry
+            grads, metrics = jax.grad(dqn_loss, has_aux=True)(params, target_params, batch, config)
+            grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            params, step = optax.apply_updates(params, updates), step + 1
+            # SYNC: the target network takes the online weights every sync_freq gradient steps.
+            target_params = jax.tree.map(lambda t, p: jnp.where(step % config.sync_freq == 0, p, t),
+                                         target_params, params)
+            metrics["optim/grad_norm"] = optax.tree.norm(grads)
+            return (params, target_params, opt_state, step), metrics
+
+        (params, target_params, opt_state, step), losses = jax.lax.scan(
+            update_step, (runner.params, runner.target_params, runner.opt_state, runner.step), batches)
+
+        # METRICS: scalar means, identical on every device.
+        metrics = {k: jnp.mean(v) for k, v in losses.items()}
+        metrics["policy/epsilon"] = epsilon
+        metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
+        metrics["replay/size"] = jax.lax.psum(filled * envs_per_device, devices.DEVICE_AXIS).astype(jnp.float32)
+        metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
+        return runner._replace(params=params, target_params=target_params, opt_state=opt_state,
+                               replay=replay, replay_pos=pos, replay_rows=filled, epoch=runner.epoch + 1,
+                               step=step, key=key), metrics
+
+    def act(params, obs, key):
+        del key  # greedy (temperature 0)
+        return jnp.argmax(network(params, obs, config.activation))
+
+    return run.Trainer(init=init, epoch=epoch, act=act, params=lambda s: s.params, env=env,
+                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
+                       loss_key="loss/value")
+
+
+if __name__ == "__main__":
+    run.main(Config, make_trainer, "dqn_value", __doc__.split("\n\n")[0])

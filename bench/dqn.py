@@ -1,0 +1,269 @@
+"""Benchmark our DQN (algos/dqn_value.py) against Rejax's DQN on CartPole-v1, matched work.
+
+    .venv/bin/python bench/dqn.py               # 2 rounds, ~4 min on 2 cores (Rejax ~1 min a run)
+    .venv/bin/python bench/dqn.py --runs 3
+
+Needs the peer venv (bench/setup_peer.sh). Every run is a separate process, so
+imports and compilation count in its wall time (measured here, from launch to
+exit). Each round runs, in this order and with seed SEED + round: ours cold
+(--no-compile-cache), Rejax, ours warm (persistent compilation cache, filled by
+one warm-up run before the first round). Prints a Markdown table and rewrites
+this benchmark's section of bench/RESULTS.md, leaving other sections alone.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PEER_PY = ROOT / "bench" / ".peer-venv" / "bin" / "python"
+SECTION = "## DQN (dqn_value) vs Rejax DQN, CartPole-v1"
+
+# Matched work: environments, replay size, batch size, gradient steps per env step, total env
+# steps, 64x64 network. Each side keeps its own tuned choices for the rest: Rejax's CartPole
+# config (configs/gymnax/cartpole.yaml in its repository: double DQN, dueling head, swish, Polyak
+# target 0.98 per iteration, epsilon 1 -> 0.05 over half the run, 5k random steps before the first
+# update, lr 1e-3 constant, element-wise gradient clip 10) and our script's defaults (plain head,
+# relu, hard target sync, epsilon 0.99^epoch down to 0.1, 3-step targets, lr 1e-3 annealed, global
+# gradient-norm clip 1).
+CONFIG = dict(num_envs=10, replay=50_000, batch_size=100, updates_per_env_step=0.5, total_steps=100_000,
+              gamma=0.99)
+OURS_EPOCH = dict(num_steps=10)  # env steps per env per epoch: 100 env steps and 50 gradient steps an epoch
+REJAX_FILL = 5_000
+TARGETS = "our wall <= 0.8x Rejax; our return >= Rejax"
+
+
+def ours_cmd(seed: int, out_dir: Path, cold: bool) -> list[str]:
+    c, steps = CONFIG, OURS_EPOCH["num_steps"]
+    per_epoch = c["num_envs"] * steps
+    cmd = [sys.executable, "algos/dqn_value.py", "--env", "CartPole-v1", "--num-envs", str(c["num_envs"]),
+           "--num-steps", str(steps), "--update-steps", str(int(per_epoch * c["updates_per_env_step"])),
+           "--batch-size", str(c["batch_size"]), "--n-replay-epochs", str(c["replay"] // per_epoch),
+           "--total-steps", str(c["total_steps"]), "--gamma", str(c["gamma"]), "--hidden", "64", "64",
+           "--n-devices", "1", "--eval-every", "0", "--eval-episodes", "32",
+           "--seed", str(seed), "--out-dir", str(out_dir)]
+    return cmd + (["--no-compile-cache"] if cold else [])
+
+
+def rejax_cmd(seed: int) -> list[str]:
+    c = CONFIG
+    return [str(PEER_PY), "bench/rejax_dqn.py", "--env", "CartPole-v1", "--num-envs", str(c["num_envs"]),
+            "--buffer-size", str(c["replay"]), "--fill-buffer", str(REJAX_FILL), "--batch-size",
+            str(c["batch_size"]), "--num-epochs", str(int(c["num_envs"] * c["updates_per_env_step"])),
+            "--total-timesteps", str(c["total_steps"]), "--gamma", str(c["gamma"]), "--eval-episodes", "32",
+            "--seed", str(seed)]
+
+
+def launch(cmd: list[str], log: Path, timeout: float) -> tuple[float, str]:
+    """Runs cmd from the repository root; returns (wall seconds, stdout). Exits with the log tail on failure."""
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    wall = time.time() - t0
+    log.write_text(f"$ {' '.join(cmd)}\n{proc.stdout}\n--- stderr ---\n{proc.stderr}")
+    if proc.returncode:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return wall, proc.stdout
+
+
+def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
+    out = scratch / f"ours-{'cold' if cold else 'warm'}-{seed}"
+    shutil.rmtree(out, ignore_errors=True)
+    wall, _ = launch(ours_cmd(seed, out, cold), scratch / f"{out.name}.log", timeout)
+    s = json.loads((out / "summary.json").read_text())
+    return {"wall": wall, "startup": wall - s["wall_time_s"], "compile": s["compile_time_s"],
+            "train": s["train_time_s"], "other": s["wall_time_s"] - s["compile_time_s"] - s["train_time_s"],
+            "sps": s["sps"], "ret": s["eval_return"],
+            "updates": s["epoch"] * int(CONFIG["num_envs"] * OURS_EPOCH["num_steps"] * CONFIG["updates_per_env_step"])}
+
+
+def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
+    wall, out = launch(rejax_cmd(seed), scratch / f"rejax-{seed}.log", timeout)
+    r = json.loads(out.strip().splitlines()[-1])
+    return {"wall": wall, "startup": r["import_s"], "compile": r["compile_s"], "train": r["run_s"],
+            "other": wall - r["import_s"] - r["compile_s"] - r["run_s"], "sps": r["sps"],
+            "ret": r["eval_return"], "updates": r["updates"], "versions": r["versions"]}
+
+
+def med(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def table(sides: dict[str, list[dict]]) -> str:
+    rows = ["| side | wall s | import/startup s | compile s | train s | other s | steady SPS | gradient steps "
+            "| updates/s | greedy return |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, runs in sides.items():
+        rets = [r["ret"] for r in runs]
+        rate = statistics.median(r["updates"] / r["train"] for r in runs)
+        lo_hi = lambda k, f: f"{f(min(r[k] for r in runs))}-{f(max(r[k] for r in runs))}"  # noqa: E731
+        rows.append(f"| {name} | {med(runs, 'wall'):.1f} ({lo_hi('wall', '{:.1f}'.format)}) "
+                    f"| {med(runs, 'startup'):.2f} | {med(runs, 'compile'):.2f} | {med(runs, 'train'):.2f} "
+                    f"| {med(runs, 'other'):.2f} | {med(runs, 'sps'):,.0f} ({lo_hi('sps', '{:,.0f}'.format)}) "
+                    f"| {med(runs, 'updates'):,.0f} | {rate:,.0f} "
+                    f"| {statistics.mean(rets):.1f} ({', '.join(f'{x:.0f}' for x in rets)}) |")
+    return "\n".join(rows)
+
+
+def verdicts(sides: dict[str, list[dict]]) -> str:
+    cold, warm, rejax = sides["ours, cold"], sides["ours, warm cache"], sides["Rejax"]
+    ret_o, ret_r = statistics.mean(r["ret"] for r in cold), statistics.mean(r["ret"] for r in rejax)
+    checks = [
+        ("total wall time, ours cold / Rejax", med(cold, "wall") / med(rejax, "wall"), "<= 0.80",
+         med(cold, "wall") <= 0.8 * med(rejax, "wall")),
+        ("total wall time, ours warm / Rejax (secondary)", med(warm, "wall") / med(rejax, "wall"), "<= 0.80",
+         med(warm, "wall") <= 0.8 * med(rejax, "wall")),
+        ("steady SPS, ours cold / Rejax", med(cold, "sps") / med(rejax, "sps"), "(reported)",
+         med(cold, "sps") >= med(rejax, "sps")),
+        (f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})", ret_o - ret_r, ">= 0", ret_o >= ret_r),
+    ]
+    rows = ["| ratio | value | target | met |", "|---|---:|---:|---|"]
+    rows += [f"| {name} | {value:.2f} | {target} | {'**yes**' if ok else '**NO**'} |"
+             for name, value, target, ok in checks]
+    primary = [("wall time", checks[0][3]), ("return", checks[3][3])]
+    rows.append(f"\nPrimary targets (cold) met: {', '.join(n for n, ok in primary if ok) or 'none'}. "
+                f"Not met: {', '.join(n for n, ok in primary if not ok) or 'none'}.")
+    return "\n".join(rows)
+
+
+def environment(rejax_versions: dict, load: str) -> str:
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.processor())
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    dirty = git("status", "--porcelain", "algos/dqn_value.py", "common")
+    return "\n".join([
+        f"- Machine: {cpu}, {os.cpu_count()} cores; load average at start/end: {load}",
+        f"- Ours: Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, "
+        f"commit `{git('rev-parse', '--short', 'HEAD')}`"
+        + (" (algos/dqn_value.py or common/ had uncommitted changes when measured)" if dirty else ""),
+        "- Rejax: " + ", ".join(f"{k} {v}" for k, v in rejax_versions.items()) + " (bench/.peer-venv)",
+    ])
+
+
+def write_results(path: Path, body: str) -> None:
+    """Replaces SECTION (up to the next '## ' heading) in path, or appends it."""
+    text = path.read_text() if path.exists() else (
+        "# Benchmarks\n\nMeasured by the scripts in bench/; each section is rewritten by its own script.\n")
+    section = f"{SECTION}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+    path.write_text(text.rstrip() + "\n")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--runs", type=int, default=2, help="runs per side (rounds), each with its own seed")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first round (round i uses SEED + i)")
+    p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update")
+    p.add_argument("--no-write", action="store_true", help="print the table only, leave RESULTS.md alone")
+    p.add_argument("--timeout", type=float, default=600, help="seconds allowed per subprocess")
+    p.add_argument("--keep", action="store_true", help="keep the scratch directory (run dirs and logs)")
+    args = p.parse_args()
+    if not PEER_PY.exists():
+        sys.exit(f"no peer venv at {PEER_PY}: run bench/setup_peer.sh first")
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench-dqn-"))
+    load_start = os.getloadavg()[0]
+    print(f"scratch {scratch}; warm-up run to fill the compilation cache", flush=True)
+    run_ours(args.seed + 1000, scratch, cold=False, timeout=args.timeout)
+    sides = {"ours, cold": [], "Rejax": [], "ours, warm cache": []}
+    for i in range(args.runs):
+        seed = args.seed + i
+        sides["ours, cold"].append(run_ours(seed, scratch, cold=True, timeout=args.timeout))
+        sides["Rejax"].append(run_rejax(seed, scratch, args.timeout))
+        sides["ours, warm cache"].append(run_ours(seed, scratch, cold=False, timeout=args.timeout))
+        print(f"round {i + 1}/{args.runs}: " + ", ".join(
+            f"{k} {v[-1]['wall']:.1f} s / {v[-1]['sps']:,.0f} sps / return {v[-1]['ret']:.0f}"
+            for k, v in sides.items()), flush=True)
+    load = f"{load_start:.2f} / {os.getloadavg()[0]:.2f}"
+
+    tbl, ver = table(sides), verdicts(sides)
+    print("\n" + tbl + "\n\n" + ver)
+    if not args.keep:
+        shutil.rmtree(scratch)
+    if args.no_write:
+        return
+    rel = lambda cmd: " ".join(str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c  # noqa: E731
+                               for c in cmd).replace(sys.executable, ".venv/bin/python")
+    c = CONFIG
+    body = f"""
+Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with
+`.venv/bin/python bench/dqn.py --runs {args.runs} --seed {args.seed}`.
+
+{environment(sides['Rejax'][0]['versions'], load)}
+
+Matched work: {c['num_envs']} envs, replay of {c['replay']:,} transitions sampled uniformly, batch {c['batch_size']},
+{c['updates_per_env_step']} gradient steps per env step (ours: epochs of {OURS_EPOCH['num_steps']} steps x
+{c['num_envs']} envs then {int(c['num_envs'] * OURS_EPOCH['num_steps'] * c['updates_per_env_step'])} gradient steps;
+Rejax: {int(c['num_envs'] * c['updates_per_env_step'])} gradient steps after each step of the {c['num_envs']} envs),
+{c['total_steps']:,} env steps, 64x64 network, gamma {c['gamma']}; no evaluation during training on either
+side. Everything else is each side's own tuned choice: Rejax's CartPole config (double DQN, dueling head, swish,
+Polyak target 0.98 after every iteration, epsilon 1 -> 0.05 linearly over half the run, {REJAX_FILL:,} random-action
+steps before its first update, lr 1e-3 constant, element-wise gradient clip 10), ours the script's defaults
+(plain DQN, plain head, relu, target copied every 500 gradient steps, epsilon max(0.1, 0.99^epoch), 3-step targets,
+lr 1e-3 annealed to 0, global-norm clip 1). Round i (seed {args.seed} + i) runs ours cold, Rejax, ours warm,
+one after the other; one warm-up run of ours fills the cache first.
+
+Commands (SEED = round seed):
+
+```
+{rel(ours_cmd(0, Path('/tmp/bench-dqn/ours-SEED'), cold=True)).replace('--seed 0', '--seed SEED')}
+{rel(ours_cmd(0, Path('/tmp/bench-dqn/ours-SEED'), cold=False)).replace('--seed 0', '--seed SEED')}   # warm cache
+{rel(rejax_cmd(0)).replace('--seed 0', '--seed SEED')}
+```
+
+Medians over {args.runs} runs, (min-max) in brackets; return: mean over runs, per-run values in brackets.
+wall = process launch to exit, measured by the driver. Ours: import/startup = wall - run.py's wall_time_s
+(interpreter, imports, flags); compile = init + eval + epoch lower/compile; train = the epoch loop; other = device
+setup, final evaluation, checkpoints. Rejax: import = `import jax, rejax`; compile = lower + compile of
+`jax.jit(algo.train)`; train = the one compiled call; other = interpreter start, `DQN.create`, greedy evaluation.
+Steady SPS = env steps / train seconds; updates/s = gradient steps / train seconds. Greedy return = mean over 32
+episodes, argmax of Q, after training.
+
+{tbl}
+
+Targets ({TARGETS}); the primary comparison is ours cold:
+
+{ver}
+
+Why the gap: Rejax draws every batch with `jax.random.choice(..., replace=False, p=...)` over the whole
+{c['replay']:,}-slot buffer (a weighted draw without replacement over all slots, at each of its gradient steps;
+measured alone on this machine under similar load: ~0.8 ms per batch of 100, against ~0.01 ms for a uniform
+`randint` draw and gather), and interleaves one vectorized env step with {int(c['num_envs'] * c['updates_per_env_step'])} updates inside a
+`fori_loop` and a `lax.cond`. Ours draws all of an epoch's batches at once (uniform, with replacement, over
+the filled rows) before a `lax.scan` of {int(c['num_envs'] * OURS_EPOCH['num_steps'] * c['updates_per_env_step'])}
+gradient steps, and keeps the optimiser state as one flat vector (`optax.flatten`).
+
+Differences that remain in the matched work:
+- Rejax does no gradient steps during its first {REJAX_FILL:,} env steps, so it takes ~5% fewer of them (see
+  the gradient-steps column); ours updates from the first epoch on.
+- Rejax's batches are drawn without replacement, ours with replacement.
+- Rejax runs double DQN (one more forward pass of the online network per gradient step) with a dueling
+  head (one more 64x1 dense layer); ours, by default, plain DQN with a plain head (`--double-dqn` exists; it
+  learned no better on CartPole in our seed sweeps).
+- Ours forms 3-step targets at sampling time (a few more gathers per batch); Rejax's are one-step.
+- Gradient clipping: Rejax's `max_grad_norm` is `optax.clip`, element-wise; ours clips the global norm.
+- Truncation: ours bootstraps time-limit truncations from the final observation (gymnax 1.0.1); Rejax
+  (gymnax 0.0.9) treats them as terminations. Raw CartPole step cost is the same on both gymnax versions.
+- Ours writes checkpoints (default --checkpoint-every 50, i.e. 20 per run, each with the 50k-transition
+  replay) and a metrics line per epoch; Rejax writes nothing. Both are included in the wall time.
+- The machine is shared: other jobs may run at the same time (see the load average); interleaving the
+  sides spreads that noise over both.
+"""
+    write_results(Path(args.results), body)
+    print(f"\nwrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
