@@ -73,9 +73,10 @@ def table(results: dict[str, list[dict]]) -> str:
         reached = [r["reached"] for r in runs]
         shown = ", ".join(f"{x:,}" if x else f"not in {runs[0]['total']:,}" for x in reached)
         per_step = med(runs, "epoch_ms") / runs[0]["steps_per_epoch"]
+        returns = ", ".join(f"{r['ret']:.0f}" for r in runs)
         rows.append(f"| `{name}` | {med(runs, 'compile'):.1f} | {med(runs, 'sps'):,.0f} "
                     f"| {med(runs, 'epoch_ms'):.1f} ({runs[0]['steps_per_epoch']:,}) | {per_step / base:.2f}x "
-                    f"| {shown} | {', '.join(f'{r['ret']:.0f}' for r in runs)} |")
+                    f"| {shown} | {returns} |")
     return "\n".join(rows)
 
 
