@@ -1,0 +1,478 @@
+"""A causal Transformer policy trained with PPO and LayerDrop (layer skipping).
+
+Trax's `SkippingTransformerLM` + `SkippingSerial` (Fan et al. 2019, "Reducing
+Transformer Depth on Demand with Structured Dropout", arXiv:1909.11556) as an
+actor-critic: pre-norm Transformer blocks read the last `--context-len`
+observations of each environment; policy and value heads read the newest
+position. Each gradient step runs a random number of blocks (common/skipping.py;
+one depth for every device and seed, so skipped blocks really do not run), and
+a shallower net still acts at inference: the run ends with the greedy return
+at every depth. Trained with the PPO joint loss; one epoch -- vectorized gymnax
+rollout, GAE, PPO updates -- is one compiled function. The default task,
+CartPoleNoVel-v1, hides the velocities: the policy must infer them from its context.
+
+    python algos/skip_transformer.py                            # CartPoleNoVel-v1
+    python algos/skip_transformer.py --env MemoryChain-bsuite --context-len 8 --skip-fraction 0.5
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import chex  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from common import devices, envs, run, skipping  # noqa: E402
+from common.distributions import make_distribution  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(run.RunConfig):
+    env: str = "CartPoleNoVel-v1"
+    """gymnax environment id, or CartPoleNoVel-v1: CartPole-v1 with its velocities hidden"""
+    total_steps: int = 200_000
+    """environment steps to train for (per seed)"""
+    num_envs: int = 8
+    """parallel environments (split over devices)"""
+    num_steps: int = 128
+    """steps per environment per epoch (rollout length T)"""
+    update_epochs: int = 4
+    """passes over each rollout"""
+    num_minibatches: int = 4
+    """minibatches per pass (must divide the per-device batch num_envs / n_devices * num_steps)"""
+    lr: float = 1e-3
+    """Adam learning rate"""
+    no_anneal_lr: bool = False
+    """keep the learning rate constant instead of annealing it linearly to 0"""
+    max_grad_norm: float = 0.5
+    """clip gradients to this global norm (0: no clipping)"""
+    gamma: float = 0.99
+    """discount"""
+    gae_lambda: float = 0.95
+    """lambda of GAE"""
+    normalize_advantages: bool = False
+    """standardize advantages per minibatch"""
+    clip_eps: float = 0.2
+    """PPO ratio clip epsilon"""
+    vf_coef: float = 0.1
+    """value loss coefficient c_v"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient c_ent"""
+    context_len: int = 4
+    """observations the Transformer sees: the newest and up to context_len - 1 before it (same episode)"""
+    d_model: int = 16
+    """width of the Transformer"""
+    n_heads: int = 2
+    """attention heads (must divide d_model)"""
+    d_ff: int = 32
+    """hidden width of each block's MLP"""
+    n_layers: int = 2
+    """Transformer blocks (the layers that can be skipped)"""
+    skip_fraction: float = 0.4
+    """LayerDrop: after warmup block i runs with probability 1 - i * skip_fraction / n_layers (0: never skip)"""
+    skip_warmup_steps: int = 1000
+    """gradient steps over which skipping ramps up from none to skip_fraction"""
+    eval_depth: int = 0
+    """blocks run by the greedy evaluation (depth pruning; 0: all)"""
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("num_envs", "num_steps", "update_epochs", "num_minibatches", "context_len", "d_model",
+                     "n_heads", "d_ff", "n_layers"):
+            run._require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+        run._require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
+        run._require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
+        run._require(0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]")
+        run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        run._require(self.d_model % self.n_heads == 0,
+                     f"--d-model {self.d_model} is not divisible by --n-heads {self.n_heads}; use a multiple")
+        run._require(0 <= self.skip_fraction < 1, f"--skip-fraction {self.skip_fraction}: use a value in [0, 1)")
+        run._require(self.skip_warmup_steps >= 0, f"--skip-warmup-steps {self.skip_warmup_steps}: use 0 or more")
+        run._require(0 <= self.eval_depth <= self.n_layers,
+                     f"--eval-depth {self.eval_depth}: use 1 to --n-layers {self.n_layers}, or 0 for all")
+
+
+# ----------------------------------------------------------------------------
+# Environment: each observation is a sliding window of the last observations
+# ----------------------------------------------------------------------------
+NO_VELOCITY = {"CartPoleNoVel-v1": ("CartPole-v1", (0, 2))}  # keeps x and theta, hides x_dot, theta_dot
+
+
+class WindowState(NamedTuple):
+    env_state: chex.ArrayTree
+    window: jax.Array  # [L, F + 1]
+
+
+class ContextWindow:
+    """A gymnax environment observed as a window `[L, F + 1]` of its last L observations.
+
+    Row L - 1 is the newest observation (its entries `keep`, default all); the last
+    column is 1 for rows of the current episode, 0 for empty rows. An episode end
+    clears the window. `info["final_observation"]` is the window ending with the
+    episode's last observation: a truncated episode bootstraps from its own context.
+    """
+
+    def __init__(self, env, env_params, context_len: int, keep=None):
+        self.env, self.context_len, self.keep = env, context_len, keep
+        self.obs_dim = len(keep) if keep else int(np.prod(env.observation_space(env_params).shape))
+
+    def action_space(self, env_params):
+        return self.env.action_space(env_params)
+
+    def _push(self, window, obs):  # drop the oldest row, append [obs, 1]
+        obs = jnp.ravel(obs).astype(jnp.float32)
+        row = jnp.append(obs if self.keep is None else obs[jnp.array(self.keep)], 1.0)
+        return jnp.concatenate([window[1:], row[None]])
+
+    def reset(self, key, env_params):
+        obs, env_state = self.env.reset(key, env_params)
+        window = self._push(jnp.zeros((self.context_len, self.obs_dim + 1), jnp.float32), obs)
+        return window, WindowState(env_state, window)
+
+    def step(self, key, state: WindowState, action, env_params):
+        obs, env_state, reward, terminated, truncated, info = self.env.step(key, state.env_state, action,
+                                                                            env_params)
+        last = self._push(state.window, info["final_observation"])  # = push(window, obs) if not done
+        fresh = self._push(jnp.zeros_like(state.window), obs)
+        window = jnp.where(jnp.logical_or(terminated, truncated), fresh, last)
+        info = {**info, "final_observation": last}
+        return window, WindowState(env_state, window), reward, terminated, truncated, info
+
+
+def make_env(env_id: str, context_len: int):
+    base, keep = NO_VELOCITY.get(env_id, (env_id, None))
+    env, env_params = envs.make_env(base)
+    return ContextWindow(env, env_params, context_len, keep), env_params
+
+
+# ----------------------------------------------------------------------------
+# Network: plain functions over a parameter pytree
+# ----------------------------------------------------------------------------
+def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
+    """Scaled normal weights (std scale / sqrt(n_in)). Not orthogonal: in jaxlib 0.10 the QR of an
+    orthogonal init of these shapes, vmapped over seeds, can hang on a 2-core CPU (--num-seeds 3)."""
+    w = jax.random.normal(key, (n_in, n_out), jnp.float32) * scale / np.sqrt(n_in)
+    return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
+
+
+def init_network(key, obs_dim: int, config: Config, dist) -> dict:
+    d, keys = config.d_model, jax.random.split(key, 4 + 4 * config.n_layers)
+    out_scale = 1.0 / np.sqrt(2 * config.n_layers)  # residual branches start small
+    norm_init = lambda d: {"scale": jnp.ones((d,), jnp.float32), "bias": jnp.zeros((d,), jnp.float32)}  # noqa
+
+    block = lambda k: {"norm1": norm_init(d), "qkv": dense_init(k[0], d, 3 * d, 1.0),  # noqa: E731
+                       "out": dense_init(k[1], d, d, out_scale), "norm2": norm_init(d),
+                       "mlp1": dense_init(k[2], d, config.d_ff, np.sqrt(2)),
+                       "mlp2": dense_init(k[3], config.d_ff, d, out_scale)}
+    return {"embed": dense_init(keys[0], obs_dim, d, 1.0),
+            "position": 0.1 * jax.random.normal(keys[1], (config.context_len, d), jnp.float32),
+            "blocks": [block(keys[4 + 4 * i:8 + 4 * i]) for i in range(config.n_layers)],
+            "norm": norm_init(d), "policy": dist.head_init(keys[2], d), "value": dense_init(keys[3], d, 1, 1.0)}
+
+
+def layer_norm(p: dict, x: jax.Array) -> jax.Array:
+    mean, var = jnp.mean(x, -1, keepdims=True), jnp.var(x, -1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * p["scale"] + p["bias"]
+
+
+def attention(p: dict, x: jax.Array, mask: jax.Array, n_heads: int) -> jax.Array:
+    """Multi-head self-attention: `[N, L, D]`, `mask [N, L(query), L(key)]` -> `[N, L, D]`."""
+    n, length, d = x.shape
+    qkv = (x @ p["qkv"]["w"] + p["qkv"]["b"]).reshape(n, length, 3, n_heads, d // n_heads)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [N, L, H, D/H]
+    scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) / np.sqrt(d // n_heads)
+    weights = jax.nn.softmax(jnp.where(mask[:, None], scores, -1e9), axis=-1)
+    out = jnp.einsum("nhqk,nkhd->nqhd", weights, v).reshape(n, length, d)
+    return out @ p["out"]["w"] + p["out"]["b"]
+
+
+def block(p: dict, x: jax.Array, mask: jax.Array, n_heads: int) -> jax.Array:
+    """Pre-norm Transformer block: x + attention(norm(x)), then x + MLP(norm(x))."""
+    x = x + attention(p, layer_norm(p["norm1"], x), mask, n_heads)
+    h = jax.nn.gelu(layer_norm(p["norm2"], x) @ p["mlp1"]["w"] + p["mlp1"]["b"])
+    return x + h @ p["mlp2"]["w"] + p["mlp2"]["b"]
+
+
+def torso(params: dict, windows: jax.Array, config: Config, mode: skipping.Mode = "eval", step=0, rng=None,
+          eval_depth=None):
+    """Windows `[N, L, F + 1]` -> (features `[N, L, D]`; position q attends to k <= q of its episode, step + 1)."""
+    chex.assert_rank(windows, 3)
+    obs, valid = windows[..., :-1], windows[..., -1] > 0
+    length = windows.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    mask = causal & (valid[:, None, :] | jnp.eye(length, dtype=bool))  # [N, L(query), L(key)]
+    x = obs @ params["embed"]["w"] + params["embed"]["b"] + params["position"]
+    layer = lambda p, x: block(p, x, mask, config.n_heads)  # noqa: E731
+    return skipping.skipping_serial([layer] * len(params["blocks"]), params["blocks"], x, step, rng, mode,
+                                    config.skip_fraction, config.skip_warmup_steps, eval_depth)
+
+
+def network(params: dict, windows: jax.Array, dist, config: Config, mode: skipping.Mode = "eval", step=0,
+            rng=None, eval_depth=None):
+    """Windows `[N, L, F + 1]` -> (distribution inputs `[N, n_inputs]`, values `[N]`, step + 1)."""
+    x, step = torso(params, windows, config, mode, step, rng, eval_depth)
+    newest = layer_norm(params["norm"], x[:, -1])
+    value = newest @ params["value"]["w"] + params["value"]["b"]
+    return dist.policy_head(params["policy"], newest), value[:, 0], step
+
+
+def greedy_action(params: dict, window: jax.Array, dist, config: Config, eval_depth=None):
+    """The mode of the policy for ONE window `[L, F + 1]`, running the first `eval_depth` blocks."""
+    inputs = network(params, window[None], dist, config, "eval", eval_depth=eval_depth)[0][0]
+    return dist.clip_action(dist.mode(inputs))
+
+
+# ----------------------------------------------------------------------------
+# Records
+# ----------------------------------------------------------------------------
+class RunnerState(NamedTuple):
+    params: dict
+    opt_state: optax.OptState
+    env_state: WindowState  # [B] environments of this device, each with its context window
+    obs: jax.Array  # [B, L, F + 1] context windows
+    stats: envs.EpisodeStats
+    skip_step: jax.Array  # [] gradient steps so far: drives the skip warmup
+    depth_key: jax.Array  # the same on every device; seed 0's draws serve every seed
+    key: jax.Array  # differs per device
+
+
+class Transition(NamedTuple):
+    obs: jax.Array  # window at s_t
+    action: jax.Array
+    reward: jax.Array
+    terminated: jax.Array  # no future: discount_t = 0
+    done: jax.Array  # terminated or truncated: the GAE trace stops
+    value: jax.Array  # V(s_t)
+    log_prob: jax.Array  # log pi_old(a_t | s_t)
+    final_obs: jax.Array  # window at s_{t+1} before any reset (bootstraps truncated episodes)
+    greedy_action: jax.Array  # mode of pi_old(. | s_t), for the preferred_move metric
+
+
+class Batch(NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    advantage: jax.Array
+    target: jax.Array  # R = A + V_old
+
+
+# ----------------------------------------------------------------------------
+# Pure math
+# ----------------------------------------------------------------------------
+def gae(rewards, values, next_values, terminated, dones, gamma: float, lam: float):
+    """GAE over time-major `[T, B]` arrays, as algos/ppo_joint.py; returns `(advantages, targets)`.
+
+    delta_t = r_t + gamma * (1 - terminated_t) * V(s'_t) - V(s_t) with s'_t before any reset;
+    A_t = delta_t + gamma * lam * (1 - done_t) * A_{t+1}."""
+    chex.assert_rank(rewards, 2)
+    chex.assert_equal_shape([rewards, values, next_values, terminated, dones])
+    discount = gamma * (1.0 - terminated.astype(jnp.float32))
+    deltas = rewards + discount * next_values - values
+    trace = gamma * lam * (1.0 - dones.astype(jnp.float32))
+
+    def backward(next_advantage, x):
+        delta_t, trace_t = x
+        advantage = delta_t + trace_t * next_advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(backward, jnp.zeros_like(values[0]), (deltas, trace), reverse=True)
+    return advantages, advantages + values
+
+
+def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
+    """Clipped surrogate + c_v * value L2 - c_ent * entropy on a random depth; aux (metrics, step + 1)."""
+    chex.assert_rank(batch.obs, 3)
+    inputs, values, step = network(params, batch.obs, dist, config, "train", step, rng)
+    log_prob = dist.log_prob(inputs, batch.action)
+    advantage = batch.advantage
+    if config.normalize_advantages:
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    log_ratio = log_prob - batch.log_prob
+    ratio = jnp.exp(log_ratio)
+    # -min(r A, clip(r, 1 - eps, 1 + eps) A)
+    clipped = jnp.clip(ratio, 1 - config.clip_eps, 1 + config.clip_eps)
+    policy_loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
+    value_loss = jnp.mean((values - batch.target) ** 2)
+    entropy = jnp.mean(dist.entropy(inputs))
+    loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
+    return loss, ({
+        "loss/joint": loss,
+        "loss/policy": policy_loss,
+        "loss/value": value_loss,
+        "policy/entropy": entropy,
+        "policy/log_prob_mean": jnp.mean(log_prob),
+        "ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),  # k3 estimator of KL(old || new)
+        "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > config.clip_eps),
+    }, step)
+
+
+# ----------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------
+def make_trainer(config: Config) -> run.Trainer:
+    env, env_params = make_env(config.env, config.context_len)
+    dist = make_distribution(env.action_space(env_params))
+    n_devices = config.n_devices or jax.local_device_count()
+    if config.num_envs % n_devices:
+        raise ValueError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
+                         f"use a multiple of {n_devices}")
+    envs_per_device = config.num_envs // n_devices
+    batch_size = envs_per_device * config.num_steps
+    if batch_size % config.num_minibatches:
+        raise ValueError(f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
+                         f"{envs_per_device} envs x {config.num_steps} steps = {batch_size}")
+    steps_per_epoch = config.num_envs * config.num_steps
+    num_epochs = config.total_steps // steps_per_epoch
+    if num_epochs < 1:
+        raise ValueError(f"--total-steps {config.total_steps} is less than one epoch "
+                         f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
+    n_updates = num_epochs * config.update_epochs * config.num_minibatches
+    lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
+    clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
+    tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
+    step_envs = jax.vmap(env.step, (0, 0, 0, None))
+
+    def init(key) -> RunnerState:
+        param_key, depth_key, env_key = jax.random.split(key, 3)  # same on every device
+        params = init_network(param_key, env.obs_dim, config, dist)
+        reset_key, run_key = jax.random.split(devices.device_key(env_key))
+        obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
+        return RunnerState(params, tx.init(params), env_state, obs, envs.init_episode_stats(envs_per_device),
+                           jnp.int32(0), depth_key, run_key)
+
+    def epoch(runner: RunnerState):
+        # COLLECT: T steps of B environments; every block runs (as Trax's collect mode).
+        def env_step(runner: RunnerState, _):
+            key, act_key, step_key = jax.random.split(runner.key, 3)
+            inputs, value, _ = network(runner.params, runner.obs, dist, config)
+            action = dist.sample(inputs, act_key)
+            obs, env_state, reward, terminated, truncated, info = step_envs(
+                jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
+                env_params)
+            done = jnp.logical_or(terminated, truncated)
+            transition = Transition(runner.obs, action, reward, terminated, done, value,
+                                    dist.log_prob(inputs, action), info["final_observation"],
+                                    dist.mode(inputs))
+            stats = envs.update_episode_stats(runner.stats, reward, done)
+            return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
+
+        runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
+        runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
+
+        # ADVANTAGES: GAE, bootstrapping truncations from the window of the final observation.
+        flat = lambda x: x.reshape((batch_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+        next_values = network(runner.params, flat(traj.final_obs), dist, config)[1].reshape(traj.value.shape)
+        advantages, targets = gae(traj.reward, traj.value, next_values, traj.terminated, traj.done,
+                                  config.gamma, config.gae_lambda)
+        batch = jax.tree.map(flat, Batch(traj.obs, traj.action, traj.log_prob, advantages, targets))
+
+        # UPDATE: update_epochs passes of num_minibatches Adam steps, each running ONE random depth drawn
+        # from depth_key: the same key on every device, and the first seed's draw serves every seed
+        # (skipping.first_copy), so the lax.cond predicate is unbatched and skipped blocks do not run.
+        # Gradients averaged over devices.
+        def minibatch_step(carry, minibatch: Batch):
+            params, opt_state, step = carry
+            rng = jax.random.fold_in(runner.depth_key, step)
+            grads, (metrics, next_step) = jax.grad(ppo_loss, has_aux=True)(params, minibatch, step, rng, dist,
+                                                                            config)
+            grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            metrics["optim/grad_norm"] = optax.tree.norm(grads)
+            n_forward = skipping.n_forward_layers(step, rng, config.n_layers, "train", config.skip_fraction,
+                                                  config.skip_warmup_steps)
+            metrics["skip/layers_run"] = skipping.layers_run(n_forward, config.n_layers).astype(jnp.float32)
+            return (optax.apply_updates(params, updates), opt_state, next_step), metrics
+
+        def update_epoch(carry, key):
+            order = jax.random.permutation(key, batch_size)
+            minibatches = jax.tree.map(
+                lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch)
+            return jax.lax.scan(minibatch_step, carry, minibatches)
+
+        key, perm_key = jax.random.split(runner.key)
+        (params, opt_state, skip_step), losses = jax.lax.scan(
+            update_epoch, (runner.params, runner.opt_state, runner.skip_step),
+            jax.random.split(perm_key, config.update_epochs))
+
+        # METRICS: scalar means, identical on every device.
+        residual = targets - traj.value  # R - V
+        metrics = {k: jnp.mean(v) for k, v in losses.items()}
+        metrics.update({
+            "value/advantage_mean": jnp.mean(residual),
+            "value/advantage_norm": jnp.sqrt(jnp.sum(residual ** 2)),
+            "value/explained_variance": 1.0 - jnp.var(residual) / (jnp.var(targets) + 1e-8),
+            "policy/preferred_move": jnp.mean(traj.greedy_action),
+            "skip/warmup": skipping.warmup_factor(skip_step, config.skip_warmup_steps),
+        })
+        metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
+        metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
+        return runner._replace(params=params, opt_state=opt_state, skip_step=skip_step, key=key), metrics
+
+    def act(params, obs, key):
+        del key  # greedy
+        return greedy_action(params, obs, dist, config, config.eval_depth or None)
+
+    return run.Trainer(init=init, epoch=epoch, act=act, params=lambda s: s.params, env=env,
+                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
+                       loss_key="loss/joint")
+
+
+# ----------------------------------------------------------------------------
+# Greedy return against depth, after training
+# ----------------------------------------------------------------------------
+def evaluate_depths(config: Config, run_dir: Path) -> dict:
+    """Greedy return of the run's last checkpoint running the first 1, 2, ..., n_layers blocks.
+
+    The program and episodes of run.train's final evaluation, one per depth (full depth: the same numbers).
+    """
+    _, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
+    trainer = make_trainer(dataclasses.replace(config, n_devices=n_devices))
+    init_key, eval_key = jax.random.split(rng)
+    template = jax.eval_shape(devices.compile_init(trainer.init),
+                              devices.seed_keys(init_key, config.num_seeds, n_devices))
+    state, epoch = run.load_checkpoint(run.latest_checkpoint(run_dir / "checkpoints"), template)
+    params, key = devices.unreplicate(state).params, jax.random.fold_in(eval_key, epoch)  # [num_seeds, ...]
+    dist = make_distribution(trainer.env.action_space(trainer.env_params))
+    returns = {}
+    for depth in range(1, config.n_layers + 1):
+        act = lambda p, obs, key, depth=depth: greedy_action(p, obs, dist, config, depth)  # noqa: E731
+        seeds = jax.vmap(lambda p, k: envs.evaluate(trainer.env, trainer.env_params, act, p, k,
+                                                    config.eval_episodes))
+        fn = jax.jit(lambda params, key: seeds(params, jax.random.split(key, config.num_seeds)))
+        returns[str(depth)] = np.asarray(fn.lower(params, key).compile(run.FAST_COMPILE)(params, key))
+    return {"eval_return_by_depth": {d: float(r.mean()) for d, r in returns.items()},
+            "eval_return_by_depth_per_seed": {d: r.tolist() for d, r in returns.items()}}
+
+
+def main(argv=None) -> dict:
+    """run.main, plus the greedy return at every depth (printed, and added to summary.json)."""
+    config = run.parse_config(Config, argv, __doc__.split("\n\n")[0])
+    if not config.out_dir and not config.resume:  # run.train's default directory, named here to find it again
+        config = dataclasses.replace(config, out_dir=f"runs/skip_transformer-{config.env}-seed{config.seed}-"
+                                                     f"{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        summary = run.train(config, make_trainer, "skip_transformer")
+    except ValueError as error:  # configuration that only the environment can reject
+        raise SystemExit(f"error: {error}") from None
+    print(f"eval return {summary['eval_return']:.2f} (greedy, {config.eval_episodes} episodes)", flush=True)
+    run_dir = Path(config.resume or config.out_dir)
+    summary.update(evaluate_depths(config, run_dir))
+    print("greedy return by depth (blocks run): " + ", ".join(
+        f"{d}: {r:.2f}" for d, r in summary["eval_return_by_depth"].items()), flush=True)
+    if not config.eval_only and (run_dir / "summary.json").exists():
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
