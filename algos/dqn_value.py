@@ -112,7 +112,7 @@ class Config(run.RunConfig):
 # Network: plain functions over a parameter pytree
 # ----------------------------------------------------------------------------
 def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    w = jax.nn.initializers.orthogonal(scale)(key, (n_in, n_out), jnp.float32)
+    w = devices.orthogonal(key, (n_in, n_out), scale)
     return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 
 

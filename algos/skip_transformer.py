@@ -159,8 +159,7 @@ def make_env(env_id: str, context_len: int):
 # Network: plain functions over a parameter pytree
 # ----------------------------------------------------------------------------
 def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    """Scaled normal weights (std scale / sqrt(n_in)). Not orthogonal: in jaxlib 0.10 the QR of an
-    orthogonal init of these shapes, vmapped over seeds, can hang on a 2-core CPU (--num-seeds 3)."""
+    """Scaled normal weights (std scale / sqrt(n_in)), zero bias."""
     w = jax.random.normal(key, (n_in, n_out), jnp.float32) * scale / np.sqrt(n_in)
     return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 

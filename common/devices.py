@@ -13,6 +13,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 DEVICE_AXIS = "devices"
 
@@ -62,9 +63,8 @@ def compile_init(fn):
     """Maps `fn(key)` over `[n_devices, num_seeds]` keys on ONE device, ready to compile.
 
     The device axis is a `vmap` carrying `DEVICE_AXIS` (so `device_key` works);
-    the epoch's `pmap` then spreads the state over the devices. (Initialising
-    under `pmap` on forced CPU devices can deadlock in batched LAPACK calls,
-    such as the QR of orthogonal initialisation, in jaxlib 0.10.)
+    the epoch's `pmap` then spreads the state over the devices. Initialise
+    weights with `orthogonal`, not `jax.nn.initializers.orthogonal` (see there).
     """
     return jax.jit(jax.vmap(jax.vmap(fn), axis_name=DEVICE_AXIS))
 
@@ -86,3 +86,27 @@ def compile_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0):
 def unreplicate(tree):
     """The first device's copy: `[n_devices, num_seeds, ...] -> [num_seeds, ...]`."""
     return jax.tree.map(lambda x: x[0], tree)
+
+
+def orthogonal(key: jax.Array, shape: tuple, scale: float = 1.0) -> jax.Array:
+    """`jax.nn.initializers.orthogonal(scale)` for a 2-D `shape`, built from matmuls only.
+
+    Same Gaussian draw, same result (Q of its QR with R's diagonal positive):
+    Gram-Schmidt with a second projection pass, one column per scan step.
+    jaxlib 0.10's LAPACK QR runs a batch (here: seeds x devices) by handing
+    chunks to XLA:CPU's thread pool from a worker of that pool and waiting;
+    as many concurrent QRs as workers (policy and value nets on 2 cores)
+    deadlock the process. No LAPACK call, no deadlock.
+    """
+    n_rows, n_cols = shape
+    transpose = n_rows < n_cols
+    a = jax.random.normal(key, (n_cols, n_rows) if transpose else (n_rows, n_cols), jnp.float32)
+
+    def add_column(q, j):
+        v = a[:, j]
+        for _ in range(2):  # the second pass restores orthogonality lost to rounding
+            v = v - q @ (q.T @ v)  # columns not yet filled are zero
+        return q.at[:, j].set(v / jnp.linalg.norm(v)), None
+
+    q, _ = jax.lax.scan(add_column, jnp.zeros_like(a), np.arange(a.shape[1]))
+    return scale * (q.T if transpose else q)

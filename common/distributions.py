@@ -22,12 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from common import devices
+
 Std = Literal["param", "network"]
 
 
 def _dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
     """Orthogonal weights scaled by `scale`, zero bias (small last layer)."""
-    w = jax.nn.initializers.orthogonal(scale)(key, (n_in, n_out), jnp.float32)
+    w = devices.orthogonal(key, (n_in, n_out), scale)
     return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 
 

@@ -1,4 +1,5 @@
 """Test setup: two forced CPU devices (before jax is imported) and the repo on sys.path."""
+import faulthandler
 import os
 import sys
 
@@ -12,6 +13,17 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import pytest  # noqa: E402
+
+TEST_LIMIT_S = 600  # the slowest test takes about 3 minutes on a loaded 2-core CPU
+
+
+@pytest.fixture(autouse=True)
+def fail_a_hung_test():
+    """A test still running after `TEST_LIMIT_S` prints every thread's stack and ends the run
+    (exit status 1), so a deadlock fails CI in minutes instead of stalling it."""
+    faulthandler.dump_traceback_later(TEST_LIMIT_S, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="session")

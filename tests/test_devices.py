@@ -1,4 +1,6 @@
 """common.devices: hosts, device counts, seed keys and the compiled epoch (2 forced CPU devices)."""
+import importlib
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -101,3 +103,32 @@ def test_compile_init_on_one_device_equals_the_pmap_path():
     chex.assert_shape(one, (2, 2, 3))
     np.testing.assert_array_equal(one, devices.compile_epoch(fn, 2, donate=False)(keys))
     assert not np.array_equal(one[0], one[1])
+
+
+@pytest.mark.parametrize("shape", [(4, 64), (64, 64), (64, 2), (3, 8), (1, 16), (16, 1)])
+def test_orthogonal_is_jax_orthogonal_without_lapack(shape):
+    for seed in range(3):
+        key = jax.random.PRNGKey(seed)
+        ours = devices.orthogonal(key, shape, 1.7)
+        np.testing.assert_allclose(ours, jax.nn.initializers.orthogonal(1.7)(key, shape, jnp.float32), atol=2e-5)
+        small = min(shape)
+        gram = ours.T @ ours if shape[0] >= shape[1] else ours @ ours.T
+        np.testing.assert_allclose(gram, 1.7**2 * np.eye(small), atol=1e-4)
+    # vmapped over seeds it stays matmuls: no custom call (LAPACK) in the program
+    text = jax.jit(jax.vmap(lambda k: devices.orthogonal(k, shape))).lower(jax.random.split(key, 3)).as_text()
+    assert "custom_call" not in text
+    text = jax.jit(jax.vmap(lambda k: jax.nn.initializers.orthogonal()(k, shape))).lower(jax.random.split(key, 3)).as_text()
+    assert "custom_call" in text  # the check above can fail: jax's own init calls LAPACK's QR
+
+
+@pytest.mark.parametrize("name", ["ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer"])
+def test_no_script_compiles_a_lapack_call(name):
+    """jaxlib 0.10's batched LAPACK kernels wait on XLA:CPU's thread pool from inside it and can
+    deadlock a 2-core host (seen as a hung CI run); every script's init and epoch avoid them."""
+    module = importlib.import_module(f"algos.{name}")
+    config = module.Config(num_seeds=2, **({"q_value": True, "n_samples": 4} if name == "awr" else {}))
+    trainer = module.make_trainer(config)
+    init = devices.compile_init(trainer.init).lower(devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
+    epoch = devices.compile_epoch(trainer.epoch, 1, donate=False).lower(init.out_info)
+    for program in (init, epoch):
+        assert "custom_call" not in program.as_text()

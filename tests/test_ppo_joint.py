@@ -588,9 +588,9 @@ print("epochs", run.train(config, ppo_joint.make_trainer)["epoch"])
 def test_two_devices_two_seeds(tmp_path):
     """`--num-seeds 2` on 2 devices trains.
 
-    In a subprocess, because the failure is a hang: in jaxlib 0.10 a vmapped QR
-    (orthogonal init of several seeds) run under `pmap` on 2 CPU devices at once
-    deadlocks XLA's intra-op thread pool when it has only 2 threads (a 2-core host).
+    In a subprocess with a timeout, because the failure this guards against is a
+    hang: jaxlib 0.10's batched QR (of `jax.nn.initializers.orthogonal` over several
+    seeds) deadlocks XLA's 2-thread pool on a 2-core host; `devices.orthogonal` avoids it.
     """
     code = TWO_BY_TWO.format(root=str(Path(__file__).resolve().parents[1]), out=str(tmp_path / "run"))
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
