@@ -60,9 +60,9 @@ class Config(run.RunConfig):
     value_batch_size: int = 256
     """transitions per value step, all devices (at most num_envs * num_steps)"""
     policy_train_steps: int = 1
-    """policy Adam steps per epoch, each on a fresh random batch of this epoch's rollout"""
+    """policy Adam steps per epoch, in passes over the shuffled rollout"""
     value_train_steps: int = 16
-    """value Adam steps per epoch (run before the policy's), each on a fresh random batch"""
+    """value Adam steps per epoch (run before the policy's), in passes over the shuffled rollout"""
     max_grad_norm: float = 0.5
     """clip each network's gradients to this global norm (0: no clipping)"""
     clip_eps: float = 0.2
@@ -356,17 +356,23 @@ def make_trainer(config: Config) -> run.Trainer:
                            env_state, obs, envs.init_episode_stats(envs_per_device), run_key)
 
     def fit(loss_fn, tx, params, opt_state, batch: Batch, key, n_steps: int, batch_size: int, name: str):
-        """n_steps Adam steps, each on batch_size random transitions; gradients averaged over devices."""
-        def train_step(carry, key):
+        """n_steps Adam steps on batch_size transitions each, in passes over the shuffled rollout (every
+        transition once per pass); gradients averaged over devices."""
+        per_pass = rollout_size // batch_size
+        n_passes = -(-n_steps // per_pass)
+        shuffle = lambda k: jax.random.permutation(k, rollout_size)[:per_pass * batch_size]  # noqa: E731
+        order = jax.vmap(shuffle)(jax.random.split(key, n_passes)).reshape(-1, batch_size)[:n_steps]
+
+        def train_step(carry, idx):
             params, opt_state = carry
-            minibatch = jax.tree.map(lambda x: x[jax.random.permutation(key, rollout_size)[:batch_size]], batch)
+            minibatch = jax.tree.map(lambda x: x[idx], batch)
             grads, metrics = jax.grad(loss_fn, has_aux=True)(params, minibatch)
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
             updates, opt_state = tx.update(grads, opt_state, params)
             metrics[f"optim/{name}_grad_norm"] = optax.tree.norm(grads)
             return (optax.apply_updates(params, updates), opt_state), metrics
 
-        return jax.lax.scan(train_step, (params, opt_state), jax.random.split(key, n_steps))
+        return jax.lax.scan(train_step, (params, opt_state), order)
 
     def epoch(runner: RunnerState):
         value_params = share_layers(runner.policy_params, runner.value_params, config.n_shared_layers)
