@@ -36,7 +36,7 @@ from common import devices, envs, run  # noqa: E402
 
 @dataclasses.dataclass(frozen=True)
 class Config(run.RunConfig):
-    total_steps: int = 100_000
+    total_steps: int = 150_000
     """environment steps to train for (per seed)"""
     num_envs: int = 10
     """parallel environments (split over devices)"""
@@ -48,7 +48,7 @@ class Config(run.RunConfig):
     """transitions per gradient step, all devices together (split over devices)"""
     n_replay_epochs: int = 500
     """replay buffer: the transitions of the last this many epochs (a ring buffer)"""
-    lr: float = 1e-3
+    lr: float = 3e-4
     """Adam learning rate"""
     no_anneal_lr: bool = False
     """keep the learning rate constant instead of annealing it linearly to 0"""

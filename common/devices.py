@@ -91,22 +91,35 @@ def unreplicate(tree):
 def orthogonal(key: jax.Array, shape: tuple, scale: float = 1.0) -> jax.Array:
     """`jax.nn.initializers.orthogonal(scale)` for a 2-D `shape`, built from matmuls only.
 
-    Same Gaussian draw, same result (Q of its QR with R's diagonal positive):
-    Gram-Schmidt with a second projection pass, one column per scan step.
-    jaxlib 0.10's LAPACK QR runs a batch (here: seeds x devices) by handing
-    chunks to XLA:CPU's thread pool from a worker of that pool and waiting;
-    as many concurrent QRs as workers (policy and value nets on 2 cores)
-    deadlock the process. No LAPACK call, no deadlock.
+    Same Gaussian draw, same result up to rounding (Q of its QR with R's
+    diagonal positive): Gram-Schmidt with a second projection pass, one column
+    per scan step. Why not jax's: jaxlib 0.10's LAPACK QR runs a batch (seeds x
+    devices) by handing chunks to XLA:CPU's thread pool from a worker of that
+    pool and waiting; as many concurrent QRs as workers (policy and value nets
+    on 2 cores) deadlock the process.
+
+    Under `vmap` the keys are mapped one by one (`lax.map`), never batched:
+    XLA rounds a batched matmul differently for different batch sizes, and the
+    parameters of a seed must not depend on how many devices or seeds run.
     """
     n_rows, n_cols = shape
     transpose = n_rows < n_cols
-    a = jax.random.normal(key, (n_cols, n_rows) if transpose else (n_rows, n_cols), jnp.float32)
 
-    def add_column(q, j):
-        v = a[:, j]
-        for _ in range(2):  # the second pass restores orthogonality lost to rounding
-            v = v - q @ (q.T @ v)  # columns not yet filled are zero
-        return q.at[:, j].set(v / jnp.linalg.norm(v)), None
+    @jax.custom_batching.custom_vmap
+    def draw(key):
+        a = jax.random.normal(key, (n_cols, n_rows) if transpose else (n_rows, n_cols), jnp.float32)
 
-    q, _ = jax.lax.scan(add_column, jnp.zeros_like(a), np.arange(a.shape[1]))
-    return scale * (q.T if transpose else q)
+        def add_column(q, j):
+            v = a[:, j]
+            for _ in range(2):  # the second pass restores orthogonality lost to rounding
+                v = v - q @ (q.T @ v)  # columns not yet filled are zero
+            return q.at[:, j].set(v / jnp.linalg.norm(v)), None
+
+        q, _ = jax.lax.scan(add_column, jnp.zeros_like(a), np.arange(a.shape[1]))
+        return q.T if transpose else q
+
+    @draw.def_vmap
+    def _draw_each(axis_size, in_batched, keys):
+        return (jax.lax.map(draw, keys), True) if in_batched[0] else (draw(keys), False)
+
+    return scale * draw(key)

@@ -114,6 +114,12 @@ def test_orthogonal_is_jax_orthogonal_without_lapack(shape):
         small = min(shape)
         gram = ours.T @ ours if shape[0] >= shape[1] else ours @ ours.T
         np.testing.assert_allclose(gram, 1.7**2 * np.eye(small), atol=1e-4)
+    # a seed's weights do not depend on how many devices or seeds are mapped with it
+    alone = jax.jit(lambda k: devices.orthogonal(k, shape))(key)
+    for batch in ((1,), (2,), (4,), (2, 3)):
+        mapped = jax.jit(lambda k: jax.vmap(jax.vmap(lambda k: devices.orthogonal(k, shape)))(k.reshape(-1, 1, 2)))
+        together = mapped(jnp.broadcast_to(key, batch + (2,)))
+        np.testing.assert_array_equal(together, np.broadcast_to(alone, together.shape))
     # vmapped over seeds it stays matmuls: no custom call (LAPACK) in the program
     text = jax.jit(jax.vmap(lambda k: devices.orthogonal(k, shape))).lower(jax.random.split(key, 3)).as_text()
     assert "custom_call" not in text

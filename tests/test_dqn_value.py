@@ -481,7 +481,9 @@ def test_cli_run_writes_outputs(tmp_path):
 # ----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_dqn_learns_cartpole(tmp_path):
-    config = Config(env="CartPole-v1", seed=0, n_devices=1, eval_every=0, checkpoint_every=1000,
+    """The defaults, 4 seeds in one program: every seed's greedy return >= 400, their mean >= 475.
+    (With the earlier defaults, lr 1e-3 and 100k steps, 3 seeds in 8 reached 475.)"""
+    config = Config(env="CartPole-v1", seed=0, num_seeds=4, n_devices=1, eval_every=0, checkpoint_every=10_000,
                     out_dir=str(tmp_path))
     summary = run.train(config, make_trainer, "dqn_value")
-    assert summary["eval_return"] >= 475, summary
+    assert min(summary["eval_return_per_seed"]) >= 400 and summary["eval_return"] >= 475, summary
