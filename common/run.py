@@ -125,6 +125,21 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _list_of(item: type) -> Callable:
+    """Parses `64` or a list as Python prints it, `[64, 64]`, into a list of `item`."""
+    def parse(text: str) -> list:
+        try:
+            return [item(part) for part in text.replace("[", " ").replace("]", " ").replace(",", " ").split()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {item.__name__} values, got {text!r}") from None
+    return parse
+
+
+class _Concatenate(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, tuple(x for value in values for x in value))
+
+
 def build_parser(cls, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -136,9 +151,9 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
             spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL")
         elif typing.get_origin(kind) is typing.Literal:
             spec = dict(choices=typing.get_args(kind))
-        elif typing.get_origin(kind) is tuple:
+        elif typing.get_origin(kind) is tuple:  # `--hidden 64 64` or `--hidden=[64, 64]` (a wandb agent)
             item = typing.get_args(kind)[0]
-            spec = dict(type=item, nargs="+", metavar=item.__name__.upper())
+            spec = dict(type=_list_of(item), nargs="+", action=_Concatenate, metavar=item.__name__.upper())
         else:
             spec = dict(type=kind, metavar=kind.__name__.upper())
         parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default,
@@ -325,12 +340,13 @@ class Logger:
     def log(self, record: dict, force_print: bool = False) -> None:
         if not self.is_chief:
             return
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
+        clean = {k: [finite(x) for x in v] if isinstance(v, list) else finite(v) for k, v in record.items()}
         with open(self.path, "a") as fh:
             fh.write(json.dumps(clean) + "\n")
         if self.wandb is not None:
             try:
-                self.wandb.log(record, step=record["env_steps"])
+                self.wandb.log({k: v for k, v in record.items() if not isinstance(v, list)}, step=record["env_steps"])
             except Exception as error:
                 print(f"wandb disabled: {error}", file=sys.stderr)
                 self.wandb = None
@@ -391,15 +407,20 @@ def enable_compile_cache() -> None:
 def _records(metrics, n: int) -> list[dict]:
     """`[n_devices, num_seeds, epochs]` metrics -> one dict of floats per epoch.
 
-    Device 0 (metrics agree across devices), mean over seeds. Seeds with no
+    Device 0 (metrics agree across devices), mean over seeds (`episode/return`
+    also seed by seed, as `episode/return_per_seed`). Seeds with no
     finished episode in an epoch (NaN `episode/*`) are left out of that mean;
     any other NaN (a diverged seed) stays NaN.
     """
     host = {k: np.asarray(v)[0, :, :n] for k, v in jax.device_get(metrics).items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of all-NaN
-        return [{k: float(np.nanmean(v[:, j]) if k.startswith("episode/") else np.mean(v[:, j]))
-                 for k, v in host.items()} for j in range(n)]
+        records = [{k: float(np.nanmean(v[:, j]) if k.startswith("episode/") else np.mean(v[:, j]))
+                    for k, v in host.items()} for j in range(n)]
+    if "episode/return" in host:  # each seed's too (for the spread in common.plot)
+        for j, record in enumerate(records):
+            record["episode/return_per_seed"] = host["episode/return"][:, j].tolist()
+    return records
 
 
 def epochs_per_call(steps_per_epoch: int, num_epochs: int) -> int:
@@ -528,6 +549,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
                 if final or (config.eval_every and epoch % config.eval_every == 0):
                     returns = evaluate_now(epoch)
                     record["eval/return"] = float(returns.mean())
+                    record["eval/return_per_seed"] = returns.tolist()
                 logger.log(record, force_print=final or "eval/return" in record)
             if is_chief and (epoch == trainer.num_epochs or epoch % config.checkpoint_every == 0):
                 save_checkpoint(ckpt_dir, state, epoch)

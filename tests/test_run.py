@@ -71,7 +71,9 @@ def test_epochs_per_call_and_records():
     metrics = {"loss": np.array([[[1.0, 2.0, 9.0], [3.0, 4.0, 9.0]]]),  # [devices, seeds, epochs]
                "episode/return": np.array([[[np.nan, 5.0, 0.0], [7.0, np.nan, 0.0]]])}
     records = run._records(metrics, 2)
+    per_seed = [r.pop("episode/return_per_seed") for r in records]
     assert records == [{"loss": 2.0, "episode/return": 7.0}, {"loss": 3.0, "episode/return": 5.0}]
+    np.testing.assert_array_equal(per_seed, [[np.nan, 7.0], [5.0, np.nan]])  # each seed, for common.plot
     diverged = run._records({"loss": np.array([[[1.0], [np.nan]]])}, 1)  # one seed's loss is NaN
     assert math.isnan(diverged[0]["loss"])
     assert math.isnan(run._records({"x": np.full((1, 2, 1), np.nan)}, 1)[0]["x"])
