@@ -435,6 +435,7 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
     The program and episodes of run.train's final evaluation, one per depth (full depth: the same numbers).
     """
     _, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
+    n_devices *= jax.process_count()  # the checkpoint holds every host's devices, as run.train splits the run
     trainer = make_trainer(dataclasses.replace(config, n_devices=n_devices))
     init_key, eval_key = jax.random.split(rng)
     template = jax.eval_shape(devices.compile_init(trainer.init),
@@ -464,6 +465,8 @@ def main(argv=None) -> dict:
     except ValueError as error:  # configuration that only the environment can reject
         raise SystemExit(f"error: {error}") from None
     print(f"eval return {summary['eval_return']:.2f} (greedy, {config.eval_episodes} episodes)", flush=True)
+    if jax.process_index() != 0:  # several hosts: the chief evaluates the depths (programs of one device)
+        return summary
     run_dir = Path(config.resume or config.out_dir)
     summary.update(evaluate_depths(config, run_dir))
     print("greedy return by depth (blocks run): " + ", ".join(

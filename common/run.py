@@ -12,6 +12,10 @@ What a run writes in `--out-dir DIR`:
   `compile_time_s`, `sps` (env steps per second after compilation, all seeds).
 - `checkpoints/epoch_NNNNNN.npz`: the whole runner state (params, optimiser,
   environments, keys), written to a temporary file and renamed, no pickle.
+
+On several hosts (`--coordinator`, see `devices.init_distributed`) every host
+runs the same programs in the same order; only the chief (process 0) writes,
+and a checkpoint holds every host's devices.
 """
 from __future__ import annotations
 
@@ -76,6 +80,14 @@ class RunConfig:
     """wandb project name"""
     no_compile_cache: bool = False
     """do not use JAX's persistent compilation cache"""
+    coordinator: str = ""
+    """multi-host: HOST:PORT of process 0, JAX's coordinator (empty: $JTRAX_COORDINATOR; neither: one process)"""
+    num_processes: int = 0
+    """multi-host: number of processes, one per host (0: $JTRAX_NUM_PROCESSES)"""
+    process_id: int = -1
+    """multi-host: this process in [0, num-processes); 0, the chief, alone writes (-1: $JTRAX_PROCESS_ID)"""
+    coordinator_timeout: int = 120
+    """multi-host: seconds to wait for the coordinator and for every process to join"""
 
     def __post_init__(self):
         _require(self.num_seeds >= 1, f"--num-seeds {self.num_seeds}: use 1 or more")
@@ -89,7 +101,8 @@ class RunConfig:
 
 # Flags that steer this invocation rather than define the run: on --resume they
 # come from the command line, everything else from the run's config.json.
-RUN_CONTROL = ("resume", "eval_only", "track", "no_compile_cache", "eval_episodes", "n_devices")
+RUN_CONTROL = ("resume", "eval_only", "track", "no_compile_cache", "eval_episodes", "n_devices",
+               "coordinator", "num_processes", "process_id", "coordinator_timeout")
 
 
 # XLA options for programs that run rarely (init, evaluation): a quicker compile.
@@ -458,10 +471,13 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     would), leaving a checkpoint to --resume from.
     """
     wall_start = time.time()
+    devices.init_distributed(config.coordinator, config.num_processes, config.process_id, config.coordinator_timeout)
     if not config.no_compile_cache:
         enable_compile_cache()
     is_chief, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
-    trainer = make_trainer(dataclasses.replace(config, n_devices=n_devices))
+    hosts = jax.process_count()
+    # The flags describe the whole run: its environments and batches split over every host's devices.
+    trainer = make_trainer(dataclasses.replace(config, n_devices=n_devices * hosts))
     run_dir = Path(config.resume or config.out_dir or
                    f"runs/{script}-{config.env}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
     init_key, eval_key = jax.random.split(rng)
@@ -477,10 +493,12 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         ckpt = latest_checkpoint(run_dir / "checkpoints")
         if ckpt is None:
             raise SystemExit(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
+        whole = jax.tree.map(lambda s: jax.ShapeDtypeStruct((hosts * s.shape[0],) + s.shape[1:], s.dtype), template)
         try:
-            state, start_epoch = load_checkpoint(ckpt, template)
+            state, start_epoch = load_checkpoint(ckpt, whole)
         except ValueError as error:
             raise SystemExit(str(error)) from None
+        state = devices.this_host(state)
         print(f"resumed {run_dir} at epoch {start_epoch}", flush=True)
     elif is_chief:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -504,7 +522,9 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         side = pool.submit(compile_init_and_eval)
         k = epochs_per_call(trainer.steps_per_epoch, trainer.num_epochs)
         epochs_fn = None if config.eval_only else devices.compile_epoch(
-            chunk_epochs(trainer.epoch, k), n_devices, n_shared=1).lower(template, 1).compile()
+            chunk_epochs(trainer.epoch, k), n_devices, n_shared=1)
+        if epochs_fn is not None and hosts == 1:  # jax 0.10 cannot run a pmap over hosts compiled
+            epochs_fn = epochs_fn.lower(template, 1).compile()  # ahead of time: it compiles at its first call
         init_fn, eval_fn = side.result()
     state = state if state is not None else init_fn(keys)
     compile_time = time.time() - t0
@@ -517,14 +537,22 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         return {"eval_return": float(returns.mean()), "eval_return_per_seed": returns.tolist()}
 
     logger = Logger(config, run_dir, is_chief, start_epoch)
+    where = f"{n_devices * hosts} {jax.default_backend()} device(s)" + (f" of {hosts} processes" if hosts > 1 else "")
     print(f"training {script} on {config.env}: {trainer.num_epochs} epochs of "
-          f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s) on {n_devices} "
-          f"{jax.default_backend()} device(s); compiled in {compile_time:.1f} s; writing {run_dir}", flush=True)
+          f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s) on {where}; "
+          f"compiled in {compile_time:.1f} s; " + (f"writing {run_dir}" if is_chief else "the chief writes"),
+          flush=True)
     ckpt_dir, epoch = run_dir / "checkpoints", start_epoch
+
+    def checkpoint():  # every host takes part in the gather; the chief writes
+        whole = devices.gather(state)
+        if is_chief:
+            save_checkpoint(ckpt_dir, whole, epoch)
+
     last_epoch = trainer.num_epochs if max_epochs is None else min(trainer.num_epochs, start_epoch + max_epochs)
     train_time, returns, record = 0.0, None, {}
     with _StopOnInterrupt() as interrupt:
-        while epoch < last_epoch and not interrupt.requested:
+        while epoch < last_epoch and not devices.any_host(interrupt.requested):
             # Run up to the next evaluation, checkpoint or end, at most k epochs.
             n = min(k, last_epoch - epoch, config.checkpoint_every - epoch % config.checkpoint_every)
             if config.eval_every:
@@ -551,15 +579,16 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
                     record["eval/return"] = float(returns.mean())
                     record["eval/return_per_seed"] = returns.tolist()
                 logger.log(record, force_print=final or "eval/return" in record)
-            if is_chief and (epoch == trainer.num_epochs or epoch % config.checkpoint_every == 0):
-                save_checkpoint(ckpt_dir, state, epoch)
-    if interrupt.requested:
-        if is_chief and epoch > start_epoch:
-            save_checkpoint(ckpt_dir, state, epoch)
-            print(f"interrupted: saved epoch {epoch}; continue with --resume {run_dir}", flush=True)
+            if epoch == trainer.num_epochs or epoch % config.checkpoint_every == 0:
+                checkpoint()
+    if devices.any_host(interrupt.requested):
+        if epoch > start_epoch:
+            checkpoint()
+            if is_chief:
+                print(f"interrupted: saved epoch {epoch}; continue with --resume {run_dir}", flush=True)
         raise SystemExit(130)
-    if is_chief and epoch > start_epoch and epoch < trainer.num_epochs:
-        save_checkpoint(ckpt_dir, state, epoch)
+    if epoch > start_epoch and epoch < trainer.num_epochs:
+        checkpoint()
     if returns is None or "eval/return" not in record:
         returns = evaluate_now(epoch)
     summary = {
