@@ -17,14 +17,14 @@ import importlib.metadata as md
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from results import commit, launch, machine, med, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_PY = ROOT / "bench" / ".peer-venv" / "bin" / "python"
@@ -65,17 +65,6 @@ def rejax_cmd(seed: int) -> list[str]:
             "--seed", str(seed)]
 
 
-def launch(cmd: list[str], log: Path, timeout: float) -> tuple[float, str]:
-    """Runs cmd from the repository root; returns (wall seconds, stdout). Exits with the log tail on failure."""
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    wall = time.time() - t0
-    log.write_text(f"$ {' '.join(cmd)}\n{proc.stdout}\n--- stderr ---\n{proc.stderr}")
-    if proc.returncode:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return wall, proc.stdout
-
-
 def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
     out = scratch / f"ours-{'cold' if cold else 'warm'}-{seed}"
     shutil.rmtree(out, ignore_errors=True)
@@ -93,10 +82,6 @@ def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
     return {"wall": wall, "startup": r["import_s"], "compile": r["compile_s"], "train": r["run_s"],
             "other": wall - r["import_s"] - r["compile_s"] - r["run_s"], "sps": r["sps"],
             "ret": r["eval_return"], "updates": r["updates"], "versions": r["versions"]}
-
-
-def med(runs: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in runs)
 
 
 def table(sides: dict[str, list[dict]]) -> str:
@@ -136,30 +121,6 @@ def verdicts(sides: dict[str, list[dict]]) -> str:
     return "\n".join(rows)
 
 
-def environment(rejax_versions: dict, load: str) -> str:
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor())
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    dirty = git("status", "--porcelain", "algos/dqn_value.py", "common")
-    return "\n".join([
-        f"- Machine: {cpu}, {os.cpu_count()} cores; load average at start/end: {load}",
-        f"- Ours: Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, "
-        f"commit `{git('rev-parse', '--short', 'HEAD')}`"
-        + (" (algos/dqn_value.py or common/ had uncommitted changes when measured)" if dirty else ""),
-        "- Rejax: " + ", ".join(f"{k} {v}" for k, v in rejax_versions.items()) + " (bench/.peer-venv)",
-    ])
-
-
-def write_results(path: Path, body: str) -> None:
-    """Replaces SECTION (up to the next '## ' heading) in path, or appends it."""
-    text = path.read_text() if path.exists() else (
-        "# Benchmarks\n\nMeasured by the scripts in bench/; each section is rewritten by its own script.\n")
-    section = f"{SECTION}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
-    path.write_text(text.rstrip() + "\n")
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -197,11 +158,15 @@ def main():
     rel = lambda cmd: " ".join(str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c  # noqa: E731
                                for c in cmd).replace(sys.executable, ".venv/bin/python")
     c = CONFIG
+    head = commit("algos/dqn_value.py", "common/")
+    rejax = ", ".join(f"{k} {v}" for k, v in sides["Rejax"][0]["versions"].items())
     body = f"""
 Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with
 `.venv/bin/python bench/dqn.py --runs {args.runs} --seed {args.seed}`.
 
-{environment(sides['Rejax'][0]['versions'], load)}
+- Machine: {machine()}; load average at start/end: {load}
+- Ours: Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit {head}
+- Rejax: {rejax} (bench/.peer-venv)
 
 Matched work: {c['num_envs']} envs, replay of {c['replay']:,} transitions sampled uniformly, batch {c['batch_size']},
 {c['updates_per_env_step']} gradient steps per env step (ours: epochs of {OURS_EPOCH['num_steps']} steps x
@@ -261,7 +226,7 @@ Differences that remain in the matched work:
 - The machine is shared: other jobs may run at the same time (see the load average); interleaving the
   sides spreads that noise over both.
 """
-    write_results(Path(args.results), body)
+    write_section(SECTION, body, Path(args.results))
     print(f"\nwrote {args.results}")
 
 

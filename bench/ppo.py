@@ -18,14 +18,14 @@ import importlib.metadata as md
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from results import commit, launch, machine, med, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_PY = ROOT / "bench" / ".peer-venv" / "bin" / "python"
@@ -70,17 +70,6 @@ def ceiling_cmd() -> list[str]:
     return [sys.executable, "bench/ceiling.py", "--num-envs", str(CONFIG["num_envs"])]
 
 
-def launch(cmd: list[str], log: Path, timeout: float) -> tuple[float, str]:
-    """Runs cmd from the repository root; returns (wall seconds, stdout). Exits with the log tail on failure."""
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    wall = time.time() - t0
-    log.write_text(f"$ {' '.join(cmd)}\n{proc.stdout}\n--- stderr ---\n{proc.stderr}")
-    if proc.returncode:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return wall, proc.stdout
-
-
 def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
     out = scratch / f"ours-{'cold' if cold else 'warm'}-{seed}"
     shutil.rmtree(out, ignore_errors=True)
@@ -98,10 +87,6 @@ def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
     return {"wall": wall, "startup": r["import_s"], "compile": r["compile_s"], "train": r["run_s"],
             "other": wall - r["import_s"] - r["compile_s"] - r["run_s"], "sps": r["sps"],
             "ret": r["eval_return"], "versions": r["versions"]}
-
-
-def med(runs: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in runs)
 
 
 def table(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
@@ -146,30 +131,6 @@ def verdicts(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
     return "\n".join(rows)
 
 
-def environment(rejax_versions: dict) -> str:
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor())
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    dirty = git("status", "--porcelain", "algos", "common")
-    return "\n".join([
-        f"- Machine: {cpu}, {os.cpu_count()} cores; load average at start/end: {{load}}",
-        f"- Ours: Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, "
-        f"commit `{git('rev-parse', '--short', 'HEAD')}`"
-        + (" (algos/ or common/ had uncommitted changes when measured)" if dirty else ""),
-        "- Rejax: " + ", ".join(f"{k} {v}" for k, v in rejax_versions.items()) + " (bench/.peer-venv)",
-    ])
-
-
-def write_results(path: Path, body: str) -> None:
-    """Replaces SECTION (up to the next '## ' heading) in path, or appends it."""
-    text = path.read_text() if path.exists() else (
-        "# Benchmarks\n\nMeasured by the scripts in bench/; each section is rewritten by its own script.\n")
-    section = f"{SECTION}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
-    path.write_text(text.rstrip() + "\n")
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -208,10 +169,14 @@ def main():
         return
     rel = lambda cmd: " ".join(str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c  # noqa: E731
                                for c in cmd).replace(sys.executable, ".venv/bin/python")
+    head = commit("algos/", "common/")
+    rejax = ", ".join(f"{k} {v}" for k, v in sides["Rejax"][0]["versions"].items())
     body = f"""
 Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with `.venv/bin/python bench/ppo.py --runs {args.runs} --seed {args.seed}`.
 
-{environment(sides['Rejax'][0]['versions']).replace('{load}', load)}
+- Machine: {machine()}; load average at start/end: {load}
+- Ours: Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit {head}
+- Rejax: {rejax} (bench/.peer-venv)
 
 Matched work: {CONFIG['num_envs']} envs x {CONFIG['num_steps']} steps per rollout, {CONFIG['update_epochs']} epochs x
 {CONFIG['num_minibatches']} minibatches, {CONFIG['total_steps']:,} env steps, tanh 64x64, gamma {CONFIG['gamma']},
@@ -257,7 +222,7 @@ Differences that remain in the matched work:
 - The machine is shared: other jobs may run at the same time (see the load average); interleaving the
   sides spreads that noise over both.
 """
-    write_results(Path(args.results), body)
+    write_section(SECTION, body, Path(args.results))
     print(f"\nwrote {args.results}")
 
 

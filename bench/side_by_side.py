@@ -19,14 +19,13 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from results import machine, write_section
+from results import commit, machine, med, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Algorithms side by side, CartPole-v1"
@@ -59,10 +58,6 @@ def run_entry(args: list[str], seed: int, out: Path, timeout: float) -> dict:
     return {"wall": wall, "compile": summary["compile_time_s"], "sps": summary["sps"],
             "epoch_ms": 1e3 * steps_per_epoch / summary["sps"], "steps_per_epoch": steps_per_epoch,
             "reached": reached, "ret": summary["eval_return"], "total": summary["env_steps"]}
-
-
-def med(runs: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in runs)
 
 
 def table(results: dict[str, list[dict]]) -> str:
@@ -103,14 +98,12 @@ def main():
     print("\n" + tbl)
     if args.no_write:
         return
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
     commands = "\n".join(f".venv/bin/python {' '.join(e)} {' '.join(COMMON)} --seed SEED" for e in ENTRIES.values())
     body = f"""
 Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with `.venv/bin/python bench/side_by_side.py --runs {args.runs} --seed {args.seed}`.
 
 - Machine: {machine()}; load average at start/end: {load_start:.2f} / {os.getloadavg()[0]:.2f}
-- Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit `{commit}`
+- Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit {commit()}
 
 Commands (each script's defaults otherwise; round i uses SEED = {args.seed} + i, the entries run one after the other):
 

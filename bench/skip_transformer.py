@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -31,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from results import commit, machine, write_section  # noqa: E402  (bench/ is on sys.path when this file runs)
+
 SECTION = "## Skip transformer (LayerDrop): training speed and greedy return against depth, CartPoleNoVel-v1"
 
 
@@ -82,16 +84,6 @@ def train_run(skip_fraction: float, seed: int, scratch: Path, timeout: float) ->
         sys.exit(f"failed: {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
     return {"cmd": cmd, **summary}
-
-
-def write_results(path: Path, body: str) -> None:
-    """Replaces SECTION (up to the next '## ' heading) in path, or appends it."""
-    text = path.read_text() if path.exists() else (
-        "# Benchmarks\n\nMeasured by the scripts in bench/; each section is rewritten by its own script.\n")
-    section = f"{SECTION}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
-    path.write_text(text.rstrip() + "\n")
 
 
 def main():
@@ -146,19 +138,14 @@ def main():
         return
 
     import importlib.metadata as md
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa
-    dirty = " (algos/ or common/ had uncommitted changes when measured)" if git("status", "--porcelain", "algos",
-                                                                                "common") else ""
     command = " ".join(runs[0.5][0]["cmd"][1:]).replace(str(scratch), "/tmp/bench-skip")
     body = f"""
 Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with `.venv/bin/python bench/skip_transformer.py --rounds {args.rounds}
 --epochs {args.epochs} --seeds {' '.join(map(str, args.seeds))}`.
 
-- Machine: {cpu}, {os.cpu_count()} cores; load average at start/end: {load_start:.2f} / {os.getloadavg()[0]:.2f}
+- Machine: {machine()}; load average at start/end: {load_start:.2f} / {os.getloadavg()[0]:.2f}
 - Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit
-  `{git('rev-parse', '--short', 'HEAD')}`{dirty}
+  {commit('algos/', 'common/')}
 
 Training speed: the compiled epoch of the default configuration (8 envs x 128 steps, 4 x 4 minibatch
 updates) with `--num-seeds 2`, one device, `--skip-warmup-steps 0`; {args.epochs} epochs timed after one warm-up
@@ -179,7 +166,7 @@ one value per seed {', '.join(map(str, args.seeds))}): LayerDrop is what keeps a
 
 {depth_table}
 """
-    write_results(Path(args.results), body)
+    write_section(SECTION, body, Path(args.results))
     print(f"\nwrote {args.results}")
 
 
