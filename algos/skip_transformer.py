@@ -436,19 +436,18 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
     """
     _, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
     n_devices *= jax.process_count()  # the checkpoint holds every host's devices, as run.train splits the run
-    trainer = make_trainer(dataclasses.replace(config, n_devices=n_devices))
     init_key, eval_key = jax.random.split(rng)
-    template = jax.eval_shape(devices.compile_init(trainer.init),
-                              devices.seed_keys(init_key, config.num_seeds, n_devices))
+    trainer, keys = run.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices, init_key)
+    template = jax.eval_shape(devices.compile_init(trainer.init), keys)
     state, epoch = run.load_checkpoint(run.latest_checkpoint(run_dir / "checkpoints"), template)
-    params, key = devices.unreplicate(state).params, jax.random.fold_in(eval_key, epoch)  # [num_seeds, ...]
+    params, key = trainer.params(devices.unreplicate(state)), jax.random.fold_in(eval_key, epoch)  # [runs, ...]
     dist = make_distribution(trainer.env.action_space(trainer.env_params))
     returns = {}
     for depth in range(1, config.n_layers + 1):
         act = lambda p, obs, key, depth=depth: greedy_action(p, obs, dist, config, depth)  # noqa: E731
         seeds = jax.vmap(lambda p, k: envs.evaluate(trainer.env, trainer.env_params, act, p, k,
                                                     config.eval_episodes))
-        fn = jax.jit(lambda params, key: seeds(params, jax.random.split(key, config.num_seeds)))
+        fn = jax.jit(lambda params, key: seeds(params, run.eval_keys(key, config)))
         returns[str(depth)] = np.asarray(fn.lower(params, key).compile(run.FAST_COMPILE)(params, key))
     return {"eval_return_by_depth": {d: float(r.mean()) for d, r in returns.items()},
             "eval_return_by_depth_per_seed": {d: r.tolist() for d, r in returns.items()}}

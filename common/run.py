@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import copy
 import dataclasses
 import inspect
+import itertools
 import json
 import math
 import os
@@ -88,6 +90,9 @@ class RunConfig:
     """multi-host: this process in [0, num-processes); 0, the chief, alone writes (-1: $JTRAX_PROCESS_ID)"""
     coordinator_timeout: int = 120
     """multi-host: seconds to wait for the coordinator and for every process to join"""
+    sweep: tuple[str, ...] = ()
+    """in-process sweep of float flags, NAME=V1,V2,... (e.g. --sweep lr=1e-3,3e-4 ent_coef=0,0.01: their grid);
+    each member trains --num-seeds seeds, all in one compiled program"""
 
     def __post_init__(self):
         _require(self.num_seeds >= 1, f"--num-seeds {self.num_seeds}: use 1 or more")
@@ -97,6 +102,36 @@ class RunConfig:
         _require(self.eval_episodes >= 1, f"--eval-episodes {self.eval_episodes}: use 1 or more")
         _require(self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more")
         _require(not self.eval_only or self.resume, "--eval-only needs --resume DIR (the run to evaluate)")
+        for member in sweep_members(self) if self.sweep else ():  # every member's flags must be valid
+            dataclasses.replace(self, sweep=(), **member)
+
+
+def sweep_members(config) -> list[dict]:
+    """The grid of `--sweep`: one `{flag: value}` per member, in order (`[{}]` without a sweep)."""
+    floats = sorted(k for k, v in typing.get_type_hints(type(config)).items() if v is float)
+    axes: dict[str, list[float]] = {}
+    for item in config.sweep:
+        name, _, text = item.partition("=")
+        name = name.lstrip("-").replace("-", "_")
+        _require(bool(text), f"--sweep {item!r}: use NAME=V1,V2,..., e.g. --sweep lr=1e-3,3e-4")
+        _require(name in floats, f"--sweep {item!r}: {name} is not a float flag of this script; "
+                                 f"sweep one of {', '.join(floats)}")
+        _require(name not in axes, f"--sweep {item!r}: {name} is swept twice; give its values once")
+        try:
+            axes[name] = [float(v) for v in text.split(",")]
+        except ValueError:
+            raise ValueError(f"--sweep {item!r}: {text!r} holds a value that is not a number") from None
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+def n_runs(config) -> int:
+    """Seeds x sweep members: the length of the runner state's seed axis."""
+    return config.num_seeds * len(sweep_members(config))
+
+
+def eval_keys(key, config):
+    """One evaluation key per run; every sweep member meets the episodes of a run without the sweep."""
+    return jnp.tile(jax.random.split(key, config.num_seeds), (len(sweep_members(config)), 1))
 
 
 # Flags that steer this invocation rather than define the run: on --resume they
@@ -139,8 +174,10 @@ def _parse_bool(text: str) -> bool:
 
 
 def _list_of(item: type) -> Callable:
-    """Parses `64` or a list as Python prints it, `[64, 64]`, into a list of `item`."""
+    """Parses `64` or a list as Python prints it, `[64, 64]`, into a list of `item` (str: as given)."""
     def parse(text: str) -> list:
+        if item is str:
+            return [text]
         try:
             return [item(part) for part in text.replace("[", " ").replace("]", " ").replace(",", " ").split()]
         except ValueError:
@@ -291,7 +328,8 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
 
     `obs` is one observation or a batch `[N, *obs_shape]`; the action keeps the
     batch axis. A run of several seeds (`--num-seeds`) gives actions of every seed,
-    `[num_seeds, ...]`, unless `seed` picks one.
+    `[num_seeds, ...]` (with `--sweep`, member-major: `[members * num_seeds, ...]`),
+    unless `seed` picks one.
 
         act = run.load_agent("runs/awr-...", awr.Config, awr.make_trainer)
     """
@@ -302,12 +340,13 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
         raise ValueError(f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
     with np.load(ckpt, allow_pickle=False) as data:  # the state's leading axis counts the run's devices
         n_devices = json.loads(bytes(data["meta"]).decode())["leaves"][0][0][0]
-    trainer = make_trainer(dataclasses.replace(config, n_devices=n_devices))
-    keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, n_devices)
+    trainer, keys = build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices,
+                          jax.random.PRNGKey(0))
     state, _ = load_checkpoint(ckpt, jax.eval_shape(devices.compile_init(trainer.init), keys))
-    params = jax.tree.map(lambda x: x[0], trainer.params(state))  # as held by device 0: [num_seeds, ...]
-    if seed is not None or config.num_seeds == 1:
-        _require(0 <= (seed or 0) < config.num_seeds, f"seed={seed}: the run has {config.num_seeds} seed(s)")
+    params = jax.tree.map(lambda x: x[0], trainer.params(state))  # as held by device 0: [runs, ...]
+    runs = n_runs(config)
+    if seed is not None or runs == 1:
+        _require(0 <= (seed or 0) < runs, f"seed={seed}: the run has {runs} seed(s) (x sweep members)")
         params = jax.tree.map(lambda x: x[seed or 0], params)
     obs_ndim = len(trainer.env.observation_space(trainer.env_params).shape)
 
@@ -316,7 +355,7 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
         act = lambda p, o: trainer.act(p, o, key)  # noqa: E731
         if obs.ndim > obs_ndim:  # a batch
             act = jax.vmap(act, (None, 0))
-        if seed is None and config.num_seeds > 1:
+        if seed is None and runs > 1:
             act = jax.vmap(act, (0, None))
         return act(params, obs)
 
@@ -461,6 +500,43 @@ def chunk_epochs(epoch: Callable, k: int) -> Callable:
     return run_n
 
 
+def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Trainer, Any]:
+    """The run's trainer and the keys its `init` maps over: `[n_devices, n_runs(config)]`.
+
+    `config.n_devices` counts the run's devices (every host's); `n_devices`
+    this host's. With `--sweep`, seed i of every member starts from the key of
+    seed i of a run without it (paired comparison), and each (device, seed)
+    slice of the state carries its member's values: the trainer is made again
+    inside the compiled program with them as traced numbers.
+    """
+    trainer = make_trainer(config)
+    keys = devices.seed_keys(init_key, config.num_seeds, n_devices)
+    if not config.sweep:
+        return trainer, keys
+    members = sweep_members(config)
+    values = {name: jnp.broadcast_to(jnp.repeat(jnp.asarray([m[name] for m in members], jnp.float32),
+                                                config.num_seeds), (n_devices, n_runs(config)))
+              for name in members[0]}
+
+    def member(values):
+        member_config = copy.copy(config)  # frozen dataclass: set the traced values without validation
+        for name, value in values.items():
+            object.__setattr__(member_config, name, value)
+        return make_trainer(member_config)
+
+    def init(inputs):
+        key, values = inputs
+        return member(values).init(key), values
+
+    def epoch(state):
+        inner, values = state
+        inner, metrics = member(values).epoch(inner)
+        return (inner, values), metrics
+
+    swept = trainer._replace(init=init, epoch=epoch, params=lambda state: trainer.params(state[0]))
+    return swept, (jnp.tile(keys, (1, len(members), 1)), values)
+
+
 # ----------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------
@@ -477,16 +553,25 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     is_chief, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
     hosts = jax.process_count()
     # The flags describe the whole run: its environments and batches split over every host's devices.
-    trainer = make_trainer(dataclasses.replace(config, n_devices=n_devices * hosts))
     run_dir = Path(config.resume or config.out_dir or
                    f"runs/{script}-{config.env}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
     init_key, eval_key = jax.random.split(rng)
+    runs = n_runs(config)
+    trainer, keys = build(dataclasses.replace(config, n_devices=n_devices * hosts), make_trainer, n_devices, init_key)
 
     # The state's shapes, and a resumed state, come before any compile, so that
     # a bad checkpoint fails at once.
     init = devices.compile_init(trainer.init)
-    keys = devices.seed_keys(init_key, config.num_seeds, n_devices)
-    init_lowered = init.lower(keys)  # traced once: its output shapes are the template
+    try:
+        init_lowered = init.lower(keys)  # traced once: its output shapes are the template
+        if config.sweep:  # the epoch too, for the error below
+            jax.eval_shape(devices.compile_epoch(trainer.epoch, n_devices), init_lowered.out_info)
+    except jax.errors.JAXTypeError as error:
+        if not config.sweep:
+            raise
+        raise SystemExit(f"--sweep {' '.join(config.sweep)}: {script} uses {', '.join(sweep_members(config)[0])} "
+                         f"outside the compiled math (e.g. to choose a branch), so it cannot be swept in one program; "
+                         f"run one process per value (e.g. a wandb sweep, sweeps/). ({type(error).__name__})") from None
     template = init_lowered.out_info
     start_epoch, state = 0, None
     if config.resume:
@@ -509,9 +594,9 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     t0 = time.time()
     act = jax.vmap(lambda params, key: evaluate(trainer.env, trainer.env_params, trainer.act, params,
                                                 key, config.eval_episodes))
-    evaluate_seeds = jax.jit(lambda params, key: act(params, jax.random.split(key, config.num_seeds)))
+    evaluate_seeds = jax.jit(lambda params, key: act(params, eval_keys(key, config)))
 
-    def first_device(state):  # the parameters of every seed, as held by device 0: [num_seeds, ...]
+    def first_device(state):  # the parameters of every seed (and member), as held by device 0: [runs, ...]
         return jax.device_put(trainer.params(devices.unreplicate(state)), jax.local_devices()[0])
 
     def compile_init_and_eval():  # only compiles: running a program beside a compile once hung in XLA:CPU
@@ -539,7 +624,8 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     logger = Logger(config, run_dir, is_chief, start_epoch)
     where = f"{n_devices * hosts} {jax.default_backend()} device(s)" + (f" of {hosts} processes" if hosts > 1 else "")
     print(f"training {script} on {config.env}: {trainer.num_epochs} epochs of "
-          f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s) on {where}; "
+          f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
+          + (f" x {runs // config.num_seeds} sweep members" if config.sweep else "") + f" on {where}; "
           f"compiled in {compile_time:.1f} s; " + (f"writing {run_dir}" if is_chief else "the chief writes"),
           flush=True)
     ckpt_dir, epoch = run_dir / "checkpoints", start_epoch
@@ -570,7 +656,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
                         f"{trainer.loss_key} is {record[trainer.loss_key]} at epoch {epoch}: training diverged. "
                         f"Last good checkpoint: {saved or 'none'}. Try a lower learning rate or a "
                         f"--max-grad-norm, then --resume {run_dir} or start again.")
-                steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * config.num_seeds
+                steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * runs
                 record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
                           "sps": steps_done / (time_before + chunk_time * (j + 1) / n), **record}
                 final = epoch == trainer.num_epochs
@@ -600,8 +686,11 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         "wall_time_s": time.time() - wall_start,
         "compile_time_s": compile_time,
         "train_time_s": train_time,
-        "sps": (epoch - start_epoch) * trainer.steps_per_epoch * config.num_seeds / max(train_time, 1e-9),
+        "sps": (epoch - start_epoch) * trainer.steps_per_epoch * runs / max(train_time, 1e-9),
     }
+    if config.sweep:  # member-major: the seeds of member 0, then of member 1, ...
+        summary["sweep"] = [{**values, "eval_return": float(np.mean(r)), "eval_return_per_seed": r.tolist()}
+                            for values, r in zip(sweep_members(config), returns.reshape(-1, config.num_seeds))]
     if is_chief:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         logger.close(summary)

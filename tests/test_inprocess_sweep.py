@@ -1,0 +1,83 @@
+"""--sweep: float flags swept as a vmapped axis of the seed dimension, in one compiled program."""
+import dataclasses
+import importlib
+
+import jax
+import numpy as np
+import pytest
+
+from algos import ppo_joint
+from common import devices, run
+
+TINY = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, total_steps=4 * 16 * 3, eval_every=0,
+            eval_episodes=4, n_devices=1, no_compile_cache=True)
+
+
+def test_members_are_the_grid_in_order():
+    config = run.parse_config(ppo_joint.Config, ["--sweep", "lr=1e-3,3e-4", "ent-coef=0,0.01", "--num-seeds", "3"])
+    assert run.sweep_members(config) == [{"lr": 1e-3, "ent_coef": 0.0}, {"lr": 1e-3, "ent_coef": 0.01},
+                                         {"lr": 3e-4, "ent_coef": 0.0}, {"lr": 3e-4, "ent_coef": 0.01}]
+    assert run.n_runs(config) == 12 and run.n_runs(ppo_joint.Config(num_seeds=3)) == 3
+    assert run.sweep_members(ppo_joint.Config()) == [{}]
+
+
+@pytest.mark.parametrize("sweep, message", [
+    (["lr=1e-3,abc"], "--sweep 'lr=1e-3,abc': '1e-3,abc' holds a value that is not a number"),
+    (["lr"], "use NAME=V1,V2,..., e.g. --sweep lr=1e-3,3e-4"),
+    (["num_envs=4,8"], "num_envs is not a float flag of this script; sweep one of"),
+    (["lr=1e-3", "lr=3e-4"], "lr is swept twice"),
+    (["lr=1e-3,-1"], "--lr -1.0"),  # each member's flags are checked as the flag itself would be
+])
+def test_bad_sweeps_are_rejected_before_compiling(capsys, sweep, message):
+    with pytest.raises(SystemExit):
+        run.parse_config(ppo_joint.Config, ["--sweep", *sweep])
+    assert message in capsys.readouterr().err
+
+
+def final_params(out_dir, config):
+    trainer, keys = run.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
+    template = jax.eval_shape(devices.compile_init(trainer.init), keys)
+    state, _ = run.load_checkpoint(run.latest_checkpoint(out_dir / "checkpoints"), template)
+    return trainer.params(devices.unreplicate(state))  # [runs, ...]
+
+
+def test_each_member_trains_as_its_own_run(tmp_path):
+    """Members x seeds in one program end where separate runs of each value end (same keys)."""
+    swept = ppo_joint.Config(**TINY, num_seeds=2, sweep=("lr=0.01,0.001",), out_dir=str(tmp_path / "swept"))
+    summary = run.train(swept, ppo_joint.make_trainer, "ppo_joint")
+    together = final_params(tmp_path / "swept", swept)
+    for m, lr in enumerate([0.01, 0.001]):
+        alone_config = dataclasses.replace(swept, sweep=(), lr=lr, out_dir=str(tmp_path / f"lr{lr}"))
+        alone_summary = run.train(alone_config, ppo_joint.make_trainer, "ppo_joint")
+        alone = final_params(tmp_path / f"lr{lr}", alone_config)
+        for s in range(2):
+            chex_close(jax.tree.map(lambda x, i=2 * m + s: x[i], together), jax.tree.map(lambda x, i=s: x[i], alone))
+        member = summary["sweep"][m]
+        assert member["lr"] == lr and len(member["eval_return_per_seed"]) == 2
+        np.testing.assert_allclose(member["eval_return_per_seed"], alone_summary["eval_return_per_seed"], atol=1.0)
+    # the members really differ
+    assert not np.allclose(together["policy"]["w"][0], together["policy"]["w"][2])
+
+
+def chex_close(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name, flag", [("awr", "beta"), ("actor_critic", "policy_lr"), ("reinforce", "lr"),
+                                        ("dqn_value", "eps_decay"), ("skip_transformer", "ent_coef")])
+def test_every_script_sweeps_in_one_program(name, flag):
+    module = importlib.import_module(f"algos.{name}")
+    value = getattr(module.Config(), flag)
+    config = module.Config(n_devices=1, num_seeds=2, sweep=(f"{flag}={value},{value / 2}",))
+    trainer, keys = run.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
+    init = devices.compile_init(trainer.init).lower(keys)
+    state, metrics = jax.eval_shape(devices.compile_epoch(trainer.epoch, 1), init.out_info)
+    assert jax.tree.leaves(metrics)[0].shape[:2] == (1, 4)  # [devices, members x seeds]
+
+
+def test_a_flag_used_outside_the_compiled_math_is_a_clear_error(tmp_path):
+    config = ppo_joint.Config(**TINY, sweep=("max_grad_norm=0,0.5",), out_dir=str(tmp_path))
+    with pytest.raises(SystemExit, match="uses max_grad_norm outside the compiled math .* cannot be swept in one"):
+        run.train(config, ppo_joint.make_trainer, "ppo_joint")
+    assert not tmp_path.joinpath("config.json").exists()
