@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import devices
+from common import devices, run
 
 
 def test_two_forced_devices():
@@ -138,3 +138,36 @@ def test_no_script_compiles_a_lapack_call(name):
     epoch = devices.compile_epoch(trainer.epoch, 1, donate=False).lower(init.out_info)
     for program in (init, epoch):
         assert "custom_call" not in program.as_text()
+
+
+# Small configurations: one epoch of each script is a few hundred steps.
+SMALL = {"ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2),
+         "awr": dict(num_envs=4, num_steps=16, policy_steps=4, value_steps=4, policy_batch_size=32,
+                     value_batch_size=32),
+         "actor_critic": dict(num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32,
+                              value_train_steps=4),
+         "reinforce": dict(num_envs=4, num_steps=16, batch_size=32),
+         "dqn_value": dict(num_envs=4, num_steps=4, update_steps=4, batch_size=8, n_replay_epochs=8),
+         "skip_transformer": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1)}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_epoch_on_two_devices_equals_the_one_device_program(name):
+    """The same state and keys (a device axis of 2) through `pmap` on 2 devices and through the
+    one-device program (`vmap` carrying the axis name): equal for 3 epochs, up to float rounding
+    (the two compile the per-device math with different batch sizes)."""
+    module = importlib.import_module(f"algos.{name}")
+    trainer = module.make_trainer(module.Config(n_devices=2, num_seeds=2, **SMALL[name]))
+    two = one = devices.compile_init(trainer.init)(devices.seed_keys(jax.random.PRNGKey(0), 2, 2))
+    quick = lambda fn: fn.lower(one).compile(run.FAST_COMPILE)  # noqa: E731
+    on_two_devices = quick(devices.compile_epoch(trainer.epoch, 2, donate=False))
+    on_one_device = quick(jax.jit(jax.vmap(jax.vmap(trainer.epoch), axis_name=devices.DEVICE_AXIS)))
+    assert len(on_one_device(one)[0].obs.sharding.device_set) == 1
+    for _ in range(3):
+        (two, two_metrics), (one, one_metrics) = on_two_devices(two), on_one_device(one)
+        for x, y in zip(jax.tree.leaves((two, two_metrics)), jax.tree.leaves((one, one_metrics))):
+            if np.issubdtype(x.dtype, np.floating):
+                np.testing.assert_allclose(x, y, rtol=2e-3, atol=2e-4)
+            else:
+                np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(two.obs[0], two.obs[1])  # the devices did explore differently
