@@ -83,6 +83,9 @@ class Config(run.RunConfig):
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
+    normalize_obs: bool = False
+    """normalize observations by their running mean and variance (kept in the runner state, merged over
+    devices, per seed, saved in checkpoints), clipped to +-10"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -342,7 +345,7 @@ def make_trainer(config: Config) -> run.Trainer:
     values_of = jax.vmap(jax.vmap(value_network, (None, 0, None)), (None, 0, None))  # [T, B, ...] -> [T, B]
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
 
-    def init(key) -> RunnerState:
+    def init(key):
         # parameters from the seed's key alone (the same on every device), exploration from a device key
         policy_key, policy_head_key, value_key, value_head_key, env_key = jax.random.split(key, 5)
         policy_params = {"torso": init_torso(policy_key, obs_dim, config.hidden),
@@ -352,8 +355,10 @@ def make_trainer(config: Config) -> run.Trainer:
             "head": dense_init(value_head_key, config.hidden[-1], 1, 1.0)}, config.n_shared_layers)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        return RunnerState(policy_params, value_params, policy_tx.init(policy_params), value_tx.init(value_params),
-                           env_state, obs, envs.init_episode_stats(envs_per_device), run_key)
+        runner = RunnerState(policy_params, value_params, policy_tx.init(policy_params),
+                             value_tx.init(value_params), env_state, obs, envs.init_episode_stats(envs_per_device),
+                             run_key)
+        return envs.Normalized(runner, envs.init_obs_stats(obs.shape[1:])) if config.normalize_obs else runner
 
     def fit(loss_fn, tx, params, opt_state, batch: Batch, key, n_steps: int, batch_size: int, name: str):
         """n_steps Adam steps on batch_size transitions each, in passes over the shuffled rollout (every
@@ -374,13 +379,16 @@ def make_trainer(config: Config) -> run.Trainer:
 
         return jax.lax.scan(train_step, (params, opt_state), order)
 
-    def epoch(runner: RunnerState):
+    def epoch(state):
+        # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs.
+        runner, obs_stats = state if config.normalize_obs else (state, None)
+        norm = lambda obs: envs.normalize_obs(obs_stats, obs)  # noqa: E731  (off: the identity)
         value_params = share_layers(runner.policy_params, runner.value_params, config.n_shared_layers)
 
         # COLLECT: T steps of B environments under the current policy.
         def env_step(runner: RunnerState, _):
             key, act_key, step_key = jax.random.split(runner.key, 3)
-            inputs = policy_net(runner.policy_params, runner.obs, dist, config.activation)
+            inputs = policy_net(runner.policy_params, norm(runner.obs), dist, config.activation)
             action = dist.sample(inputs, act_key)
             obs, env_state, reward, terminated, truncated, info = step_envs(
                 jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
@@ -393,6 +401,8 @@ def make_trainer(config: Config) -> run.Trainer:
 
         runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
+        raw_obs = traj.obs
+        traj = traj._replace(obs=norm(traj.obs), final_obs=norm(traj.final_obs))  # what the networks saw
 
         # ADVANTAGES: the chosen estimator on V(s_t) and V(s'_t), bootstrapping truncations.
         values = value_scale * values_of(value_params, traj.obs, config.activation)
@@ -423,15 +433,22 @@ def make_trainer(config: Config) -> run.Trainer:
         })
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        return runner._replace(policy_params=policy_params, value_params=value_params,
-                               policy_opt_state=policy_opt_state, value_opt_state=value_opt_state,
-                               key=key), metrics
+        runner = runner._replace(policy_params=policy_params, value_params=value_params,
+                                 policy_opt_state=policy_opt_state, value_opt_state=value_opt_state, key=key)
+        if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
+            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, raw_obs)), metrics
+        return runner, metrics
 
     def act(params, obs, key):
         del key  # greedy
+        if config.normalize_obs:  # params: (network parameters, observation statistics)
+            params, obs = params[0], envs.normalize_obs(params[1], obs)
         return dist.clip_action(dist.mode(policy_network(params, obs, dist, config.activation)))
 
-    return run.Trainer(init=init, epoch=epoch, act=act, params=lambda s: s.policy_params, env=env,
+    def params(state):  # what act needs
+        return (state.runner.policy_params, state.obs_stats) if config.normalize_obs else state.policy_params
+
+    return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
                        loss_key="loss/policy")
 

@@ -88,6 +88,9 @@ class Config(run.RunConfig):
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
+    normalize_obs: bool = False
+    """normalize observations by their running mean and variance (kept in the runner state, merged over
+    devices, per seed, saved in checkpoints), clipped to +-10; the replay keeps raw observations"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -305,7 +308,7 @@ def make_trainer(config: Config) -> run.Trainer:
         q_one = lambda o, a: critic_net(params, o, action_code(dist, a), config.activation)  # noqa: E731
         return jax.vmap(jax.vmap(q_one, (None, 0)))(obs, actions)
 
-    def init(key) -> RunnerState:
+    def init(key):
         policy_key, critic_key, env_key = jax.random.split(key, 3)  # same on every device
         policy = {"torso": torso_init(policy_key, obs_dim, config.hidden),
                   "head": dist.head_init(jax.random.fold_in(policy_key, 1), config.hidden[-1])}
@@ -319,8 +322,9 @@ def make_trainer(config: Config) -> run.Trainer:
                            zeros(dtype=bool), zeros(dtype=bool), zeros(obs.shape[1:], obs.dtype),
                            zeros((dist.n_inputs,)), zeros((dist.n_inputs,)))
         replay = Replay(empty, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
-        return RunnerState(policy, critic_params, policy_tx.init(policy), critic_tx.init(critic_params), replay,
-                           env_state, obs, envs.init_episode_stats(envs_per_device), run_key)
+        runner = RunnerState(policy, critic_params, policy_tx.init(policy), critic_tx.init(critic_params), replay,
+                             env_state, obs, envs.init_episode_stats(envs_per_device), run_key)
+        return envs.Normalized(runner, envs.init_obs_stats(obs.shape[1:])) if config.normalize_obs else runner
 
     def targets_and_samples(critic_params, data: Transition, key):
         """TD(lambda) targets [N], and K actions per state with their advantages and log mu."""
@@ -348,11 +352,16 @@ def make_trainer(config: Config) -> run.Trainer:
             advantages = (returns - values)[:, None]
         return returns, actions, advantages, log_mu, q
 
-    def epoch(runner: RunnerState):
+    def epoch(state):
+        # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs
+        # (the replay holds raw ones: every stored epoch is normalized with the same, current, statistics).
+        runner, obs_stats = state if config.normalize_obs else (state, None)
+        norm = lambda obs: envs.normalize_obs(obs_stats, obs)  # noqa: E731  (off: the identity)
+
         # COLLECT: T steps of B environments under the current policy (the behaviour policy mu).
         def env_step(runner: RunnerState, _):
             key, act_key, step_key = jax.random.split(runner.key, 3)
-            inputs = pi(runner.policy, runner.obs, dist, config.activation)
+            inputs = pi(runner.policy, norm(runner.obs), dist, config.activation)
             action = dist.sample(inputs, act_key)
             obs, env_state, reward, terminated, truncated, info = step_envs(
                 jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
@@ -366,18 +375,19 @@ def make_trainer(config: Config) -> run.Trainer:
         runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
         runner, traj = jax.lax.scan(env_step, runner, None, T)  # [T, B, ...]
         if config.q_value:  # mu(.|s'_t): the policy is fixed during the rollout, so one batched call
-            traj = traj._replace(next_inputs=jax.vmap(pi, (None, 0, None, None))(runner.policy, traj.final_obs, dist,
-                                                                                  config.activation))
+            traj = traj._replace(next_inputs=jax.vmap(pi, (None, 0, None, None))(
+                runner.policy, norm(traj.final_obs), dist, config.activation))
         replay = replay_push(runner.replay, traj)
+        data = replay.data._replace(obs=norm(replay.data.obs), final_obs=norm(replay.data.final_obs))
         key, target_key, critic_key, policy_key = jax.random.split(runner.key, 4)
         # Slots past n_filled are empty: minibatches draw from the first n_filled * T * B transitions.
         n_valid = replay.n_filled * T * envs_per_device
         valid = jnp.arange(n_buffer) < n_valid
-        flat_data = jax.tree.map(lambda x: x.reshape((n_buffer,) + x.shape[3:]), replay.data)
+        flat_data = jax.tree.map(lambda x: x.reshape((n_buffer,) + x.shape[3:]), data)
 
         # TARGETS: TD(lambda) over every stored epoch with the critic as it is now
         # (for Sampling AWR this is the target copy, refreshed here once per epoch).
-        returns, actions, advantages, log_mu, q = targets_and_samples(runner.critic, replay.data, target_key)
+        returns, actions, advantages, log_mu, q = targets_and_samples(runner.critic, data, target_key)
 
         # UPDATE (critic): L2 regression of V(s_t), or Q(s_t, a_t) on the taken action, on the returns.
         def critic_loss(params, idx):
@@ -403,7 +413,7 @@ def make_trainer(config: Config) -> run.Trainer:
         # ADVANTAGES: plain AWR recomputes them with the updated critic (A = G - V);
         # Sampling AWR keeps the target copy's A_k = Q(s, a_k) - V(s).
         if not config.q_value:
-            returns, actions, advantages, log_mu, _ = targets_and_samples(critic_params, replay.data, target_key)
+            returns, actions, advantages, log_mu, _ = targets_and_samples(critic_params, data, target_key)
         # Standardized over the valid replay of every device.
         mask = valid[:, None].astype(jnp.float32)
         masked_mean = lambda x: jnp.sum(x * mask) / jnp.sum(mask) / K  # noqa: E731
@@ -440,14 +450,22 @@ def make_trainer(config: Config) -> run.Trainer:
             metrics["q/mean"] = masked_mean(q)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        return runner._replace(policy=policy, critic=critic_params, policy_opt=policy_opt, critic_opt=critic_opt,
-                               replay=replay, key=key), metrics
+        runner = runner._replace(policy=policy, critic=critic_params, policy_opt=policy_opt, critic_opt=critic_opt,
+                                 replay=replay, key=key)
+        if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
+            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, traj.obs)), metrics
+        return runner, metrics
 
     def act(params, obs, key):
         del key  # greedy
+        if config.normalize_obs:  # params: (policy parameters, observation statistics)
+            params, obs = params[0], envs.normalize_obs(params[1], obs)
         return dist.clip_action(dist.mode(policy_net(params, obs, dist, config.activation)))
 
-    return run.Trainer(init=init, epoch=epoch, act=act, params=lambda s: s.policy, env=env, env_params=env_params,
+    def params(state):  # what act needs
+        return (state.runner.policy, state.obs_stats) if config.normalize_obs else state.policy
+
+    return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env, env_params=env_params,
                        steps_per_epoch=steps_per_epoch, num_epochs=num_epochs, loss_key="loss/policy")
 
 

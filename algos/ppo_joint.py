@@ -63,6 +63,9 @@ class Config(run.RunConfig):
     """torso activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
+    normalize_obs: bool = False
+    """normalize observations by their running mean and variance (kept in the runner state, merged over
+    devices, per seed, saved in checkpoints), clipped to +-10"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -219,19 +222,24 @@ def make_trainer(config: Config) -> run.Trainer:
     net = jax.vmap(network, (None, 0, None, None))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
 
-    def init(key) -> RunnerState:
+    def init(key):
         param_key, env_key = jax.random.split(key)  # same on every device
         params = init_network(param_key, obs_dim, config.hidden, dist)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        return RunnerState(params, tx.init(params), env_state, obs,
-                           envs.init_episode_stats(envs_per_device), run_key)
+        runner = RunnerState(params, tx.init(params), env_state, obs, envs.init_episode_stats(envs_per_device),
+                             run_key)
+        return envs.Normalized(runner, envs.init_obs_stats(obs.shape[1:])) if config.normalize_obs else runner
 
-    def epoch(runner: RunnerState):
+    def epoch(state):
+        # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs.
+        runner, obs_stats = state if config.normalize_obs else (state, None)
+        norm = lambda obs: envs.normalize_obs(obs_stats, obs)  # noqa: E731  (off: the identity)
+
         # COLLECT: T steps of B environments under the current policy.
         def env_step(runner: RunnerState, _):
             key, act_key, step_key = jax.random.split(runner.key, 3)
-            inputs, value = net(runner.params, runner.obs, dist, config.activation)
+            inputs, value = net(runner.params, norm(runner.obs), dist, config.activation)
             action = dist.sample(inputs, act_key)
             obs, env_state, reward, terminated, truncated, info = step_envs(
                 jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
@@ -245,6 +253,8 @@ def make_trainer(config: Config) -> run.Trainer:
 
         runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
+        raw_obs = traj.obs
+        traj = traj._replace(obs=norm(traj.obs), final_obs=norm(traj.final_obs))  # what the networks saw
 
         # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations.
         _, next_values = jax.vmap(net, (None, 0, None, None))(runner.params, traj.final_obs, dist,
@@ -286,13 +296,21 @@ def make_trainer(config: Config) -> run.Trainer:
         })
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        return runner._replace(params=params, opt_state=opt_state, key=key), metrics
+        runner = runner._replace(params=params, opt_state=opt_state, key=key)
+        if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
+            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, raw_obs)), metrics
+        return runner, metrics
 
     def act(params, obs, key):
         del key  # greedy
+        if config.normalize_obs:  # params: (network parameters, observation statistics)
+            params, obs = params[0], envs.normalize_obs(params[1], obs)
         return dist.clip_action(dist.mode(network(params, obs, dist, config.activation)[0]))
 
-    return run.Trainer(init=init, epoch=epoch, act=act, params=lambda s: s.params, env=env,
+    def params(state):  # what act needs
+        return (state.runner.params, state.obs_stats) if config.normalize_obs else state.params
+
+    return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
                        loss_key="loss/joint")
 

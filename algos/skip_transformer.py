@@ -84,6 +84,9 @@ class Config(run.RunConfig):
     """gradient steps over which skipping ramps up from none to skip_fraction"""
     eval_depth: int = 0
     """blocks run by the greedy evaluation (depth pruning; 0: all)"""
+    normalize_obs: bool = False
+    """normalize observations by their running mean and variance, feature by feature (kept in the runner
+    state, merged over devices, per seed, saved in checkpoints), clipped to +-10; empty window rows stay 0"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -147,6 +150,15 @@ class ContextWindow:
         window = jnp.where(jnp.logical_or(terminated, truncated), fresh, last)
         info = {**info, "final_observation": last}
         return window, WindowState(env_state, window), reward, terminated, truncated, info
+
+
+def normalize_window(stats: envs.ObsStats | None, window: jax.Array) -> jax.Array:
+    """Windows `[..., L, F + 1]` with their observation columns normalized (`envs.normalize_obs`, statistics
+    `[F]`), empty rows kept at 0 and the last column as it is; `window` itself when `stats` is None."""
+    if stats is None:
+        return window
+    obs, in_episode = window[..., :-1], window[..., -1:]
+    return jnp.concatenate([envs.normalize_obs(stats, obs) * in_episode, in_episode], -1)
 
 
 def make_env(env_id: str, context_len: int):
@@ -226,7 +238,11 @@ def network(params: dict, windows: jax.Array, dist, config: Config, mode: skippi
 
 
 def greedy_action(params: dict, window: jax.Array, dist, config: Config, eval_depth=None):
-    """The mode of the policy for ONE window `[L, F + 1]`, running the first `eval_depth` blocks."""
+    """The mode of the policy for ONE window `[L, F + 1]`, running the first `eval_depth` blocks.
+
+    With --normalize-obs, `params` is `(network parameters, observation statistics)`."""
+    if config.normalize_obs:
+        params, window = params[0], normalize_window(params[1], window)
     inputs = network(params, window[None], dist, config, "eval", eval_depth=eval_depth)[0][0]
     return dist.clip_action(dist.mode(inputs))
 
@@ -341,19 +357,24 @@ def make_trainer(config: Config) -> run.Trainer:
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
 
-    def init(key) -> RunnerState:
+    def init(key):
         param_key, depth_key, env_key = jax.random.split(key, 3)  # same on every device
         params = init_network(param_key, env.obs_dim, config, dist)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        return RunnerState(params, tx.init(params), env_state, obs, envs.init_episode_stats(envs_per_device),
-                           jnp.int32(0), depth_key, run_key)
+        runner = RunnerState(params, tx.init(params), env_state, obs, envs.init_episode_stats(envs_per_device),
+                             jnp.int32(0), depth_key, run_key)
+        return envs.Normalized(runner, envs.init_obs_stats((env.obs_dim,))) if config.normalize_obs else runner
 
-    def epoch(runner: RunnerState):
+    def epoch(state):
+        # --normalize-obs: the network sees windows normalized with the statistics of earlier epochs.
+        runner, obs_stats = state if config.normalize_obs else (state, None)
+        norm = lambda window: normalize_window(obs_stats, window)  # noqa: E731  (off: the identity)
+
         # COLLECT: T steps of B environments; every block runs (as Trax's collect mode).
         def env_step(runner: RunnerState, _):
             key, act_key, step_key = jax.random.split(runner.key, 3)
-            inputs, value, _ = network(runner.params, runner.obs, dist, config)
+            inputs, value, _ = network(runner.params, norm(runner.obs), dist, config)
             action = dist.sample(inputs, act_key)
             obs, env_state, reward, terminated, truncated, info = step_envs(
                 jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
@@ -367,6 +388,8 @@ def make_trainer(config: Config) -> run.Trainer:
 
         runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
+        raw_obs = traj.obs
+        traj = traj._replace(obs=norm(traj.obs), final_obs=norm(traj.final_obs))  # what the network saw
 
         # ADVANTAGES: GAE, bootstrapping truncations from the window of the final observation.
         flat = lambda x: x.reshape((batch_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
@@ -415,13 +438,19 @@ def make_trainer(config: Config) -> run.Trainer:
         })
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        return runner._replace(params=params, opt_state=opt_state, skip_step=skip_step, key=key), metrics
+        runner = runner._replace(params=params, opt_state=opt_state, skip_step=skip_step, key=key)
+        if config.normalize_obs:  # this epoch's observations (each window's newest), every device's, join them
+            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, raw_obs[:, :, -1, :-1])), metrics
+        return runner, metrics
 
     def act(params, obs, key):
         del key  # greedy
         return greedy_action(params, obs, dist, config, config.eval_depth or None)
 
-    return run.Trainer(init=init, epoch=epoch, act=act, params=lambda s: s.params, env=env,
+    def params(state):  # what act needs
+        return (state.runner.params, state.obs_stats) if config.normalize_obs else state.params
+
+    return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
                        loss_key="loss/joint")
 

@@ -4,13 +4,20 @@ gymnax 1.0.1 steps return `(obs, state, reward, terminated, truncated, info)`
 and reset automatically; `info["final_observation"]` is the observation
 before the reset. A terminated step has no future; a truncated one (time
 limit) still has one, so targets bootstrap from `V(final_observation)`.
+
+`--normalize-obs` (the policy-gradient scripts): `ObsStats` holds the running
+mean and variance of the observations, `update_obs_stats` merges an epoch's
+observations into them (every device's: all devices hold the same numbers),
+`normalize_obs` applies them.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from common import devices
 
 
 def make_env(env_id: str):
@@ -81,6 +88,51 @@ def episode_metrics(stats: EpisodeStats, axis_name: str) -> dict:
         "episode/length": total[1] / total[2],
         "episode/count": total[2],
     }
+
+
+class ObsStats(NamedTuple):
+    """Running mean and variance of the observations, element by element (`--normalize-obs`)."""
+
+    mean: jax.Array  # [*obs_shape]
+    var: jax.Array  # [*obs_shape]
+    count: jax.Array  # [] observations seen, on every device together
+
+
+class Normalized(NamedTuple):
+    """The runner state of a script run with `--normalize-obs`: its own state and the observation statistics."""
+
+    runner: Any
+    obs_stats: ObsStats
+
+
+def init_obs_stats(obs_shape) -> ObsStats:
+    """Nothing seen yet: mean 0, variance 1, so the first epoch sees its observations as they are (clipped)."""
+    return ObsStats(jnp.zeros(obs_shape, jnp.float32), jnp.ones(obs_shape, jnp.float32), jnp.float32(0))
+
+
+def update_obs_stats(stats: ObsStats, obs: jax.Array, axis_name: str = devices.DEVICE_AXIS) -> ObsStats:
+    """`stats` merged with a batch `obs` `[..., *obs_shape]` of every device (Chan et al.'s parallel update).
+
+    Call inside `devices.compile_epoch`: the batch's mean and variance are those of
+    every device's batch together (`lax.pmean`; every device holds a batch of the
+    same size), so each device ends with the same statistics; each seed keeps its own.
+    """
+    x = obs.reshape((-1,) + stats.mean.shape).astype(jnp.float32)
+    mean = jax.lax.pmean(jnp.mean(x, 0), axis_name)
+    var = jax.lax.pmean(jnp.mean((x - mean) ** 2, 0), axis_name)
+    n = jax.lax.psum(jnp.float32(x.shape[0]), axis_name)
+    total = stats.count + n
+    delta = mean - stats.mean
+    m2 = stats.var * stats.count + var * n + delta ** 2 * stats.count * n / total
+    return ObsStats(stats.mean + delta * n / total, m2 / total, total)
+
+
+def normalize_obs(stats: ObsStats | None, obs: jax.Array) -> jax.Array:
+    """`(obs - mean) / sqrt(var + 1e-8)` clipped to [-10, 10], as is customary; `obs` itself when `stats`
+    is None (`--normalize-obs` off: nothing is added to the program). `obs` is `[..., *obs_shape]`."""
+    if stats is None:
+        return obs
+    return jnp.clip((obs.astype(jnp.float32) - stats.mean) / jnp.sqrt(stats.var + 1e-8), -10.0, 10.0)
 
 
 def evaluate(env, env_params, act: Callable, params, key: jax.Array, n_episodes: int) -> jax.Array:

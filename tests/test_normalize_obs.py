@@ -1,0 +1,263 @@
+"""--normalize-obs: the running statistics (common/envs.py) and every policy-gradient script with the flag.
+
+The statistics against NumPy, merged over two devices, one set per seed; each script's epochs with
+the flag (the statistics count the epoch's steps; the first epoch, with the initial statistics
+mean 0 and variance 1, is the epoch without the flag); `act` normalizes; the flag off leaves the
+runner state as it was; and through `run.train`: the checkpoint holds the statistics, `load_agent`
+acts with them, and a resumed run ends as the uninterrupted one.
+"""
+import functools
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from algos import actor_critic, awr, ppo_joint, reinforce
+from algos import skip_transformer as st
+from common import devices, envs, run
+
+pytestmark = pytest.mark.usefixtures("jax_compile_cache")
+
+
+def host(tree):
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+# ----------------------------------------------------------------------------
+# The statistics
+# ----------------------------------------------------------------------------
+def batches(seed, n, shape, scale=3.0, shift=5.0):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=shape) * scale * rng.random(shape[-1:]) + shift * rng.normal(size=shape[-1:]))
+            .astype(np.float32) for _ in range(n)]
+
+
+# one device: a vmap of size 1 carrying the device axis, as compile_epoch builds it
+update_one = jax.jit(jax.vmap(envs.update_obs_stats, axis_name=devices.DEVICE_AXIS))
+
+
+def test_init_obs_stats():
+    stats = envs.init_obs_stats((3,))
+    np.testing.assert_array_equal(stats.mean, np.zeros(3))
+    np.testing.assert_array_equal(stats.var, np.ones(3))
+    assert stats.count == 0
+
+
+def test_update_obs_stats_matches_numpy():
+    data = batches(0, 4, (7, 5, 3))  # four [T, B, F] rollouts
+    stats = jax.tree.map(lambda x: x[None], envs.init_obs_stats((3,)))
+    for i, batch in enumerate(data):
+        stats = update_one(stats, batch[None])
+        seen = np.concatenate(data[:i + 1]).reshape(-1, 3).astype(np.float64)
+        np.testing.assert_allclose(stats.mean[0], seen.mean(0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(stats.var[0], seen.var(0), rtol=1e-4)
+        assert stats.count[0] == len(seen)
+
+
+def test_update_obs_stats_merges_devices_and_keeps_seeds_apart():
+    # three epochs of [2 devices, 2 seeds, T, B, F]: every device and seed sees its own data
+    rng = np.random.default_rng(2)
+    shift = np.array([[5.0, -1.0], [-3.0, 2.0]])[:, None, None, :]  # per seed
+    data = [(rng.normal(size=(2, 2, 6, 4, 2)) * rng.random((2, 2, 1, 1, 2)) * 3 + shift).astype(np.float32)
+            for _ in range(3)]
+    update = devices.compile_epoch(lambda s: (envs.update_obs_stats(*s), s[1]), 2, donate=False)
+    stats = jax.tree.map(lambda x: jnp.broadcast_to(x, (2, 2) + x.shape), envs.init_obs_stats((2,)))
+    for i, batch in enumerate(data):
+        stats, _ = update((stats, jnp.asarray(batch)))
+        stats = host(stats)
+        for seed in range(2):
+            seen = np.concatenate([b[d, seed] for b in data[:i + 1] for d in range(2)]).reshape(-1, 2)
+            for d in range(2):  # both devices hold the statistics of both devices' batches
+                np.testing.assert_allclose(stats.mean[d, seed], seen.mean(0), rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(stats.var[d, seed], seen.var(0), rtol=1e-4)
+                assert stats.count[d, seed] == len(seen) == (i + 1) * 2 * 6 * 4
+        assert not np.allclose(stats.mean[:, 0], stats.mean[:, 1])  # each seed its own
+
+
+def test_normalize_obs_gives_zero_mean_unit_variance_and_clips():
+    data = batches(1, 1, (50, 8, 4))[0]
+    stats = jax.tree.map(lambda x: x[0], update_one(jax.tree.map(lambda x: x[None], envs.init_obs_stats((4,))),
+                                                    data[None]))
+    normal = np.asarray(envs.normalize_obs(stats, data)).reshape(-1, 4)
+    np.testing.assert_allclose(normal.mean(0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(normal.std(0), 1.0, atol=1e-3)
+    far = np.asarray(stats.mean) + 100.0 * np.sqrt(np.asarray(stats.var)) * np.array([1, -1, 1, -1])
+    np.testing.assert_allclose(envs.normalize_obs(stats, far), [10.0, -10.0, 10.0, -10.0])
+    np.testing.assert_allclose(envs.normalize_obs(stats, stats.mean), 0.0, atol=1e-6)
+    assert envs.normalize_obs(None, data) is data  # the flag off: nothing at all
+
+
+def test_normalize_window_keeps_empty_rows_and_the_episode_column():
+    stats = envs.ObsStats(jnp.array([1.0, -2.0]), jnp.array([4.0, 0.25]), jnp.float32(10))
+    window = jnp.array([[0.0, 0.0, 0.0], [3.0, -1.0, 1.0], [1.0, -2.0, 1.0]])  # oldest row empty
+    np.testing.assert_allclose(st.normalize_window(stats, window), [[0, 0, 0], [1, 2, 1], [0, 0, 1]], atol=1e-6)
+    assert st.normalize_window(None, window) is window
+
+
+# ----------------------------------------------------------------------------
+# Every script with the flag
+# ----------------------------------------------------------------------------
+STEPS = 4 * 16 * 6
+SCRIPTS = {
+    "ppo_joint": (ppo_joint, dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2)),
+    "actor_critic": (actor_critic, dict(num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32,
+                                        policy_train_steps=2, value_train_steps=2, loss="ppo")),
+    "reinforce": (reinforce, dict(num_envs=4, num_steps=16, batch_size=32, train_steps=2, baseline=True)),
+    "awr": (awr, dict(num_envs=4, num_steps=16, n_replay_epochs=3, policy_steps=2, value_steps=2,
+                      policy_batch_size=32, value_batch_size=32, hidden=(16,))),
+    "sampling_awr": (awr, dict(num_envs=4, num_steps=16, n_replay_epochs=3, policy_steps=2, value_steps=2,
+                               policy_batch_size=32, value_batch_size=32, hidden=(16,), q_value=True, n_samples=2)),
+    "skip_transformer": (st, dict(num_envs=4, num_steps=16, update_epochs=2, num_minibatches=2, context_len=3,
+                                  d_model=8, n_heads=2, d_ff=16, n_layers=2, skip_warmup_steps=2)),
+}
+RUNNER_PARAMS = {"ppo_joint": "params", "actor_critic": "policy_params", "reinforce": "params", "awr": "policy",
+                 "sampling_awr": "policy", "skip_transformer": "params"}
+
+
+def config_of(name, **overrides):
+    module, flags = SCRIPTS[name]
+    return module.Config(**{**flags, "total_steps": STEPS, "n_devices": 1, "num_seeds": 2, **overrides})
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(name, **overrides):
+    """`(config, trainer, init, epoch)`, compiled quickly as the scripts' tests do."""
+    config = config_of(name, **overrides)
+    trainer = SCRIPTS[name][0].make_trainer(config)
+    keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, config.n_devices)
+    init = devices.compile_init(trainer.init).lower(keys)
+    epoch = devices.compile_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
+    init = init.compile(run.FAST_COMPILE)
+    return config, trainer, lambda: init(keys), epoch.compile(run.FAST_COMPILE)
+
+
+def normalize(name, stats, obs):
+    return st.normalize_window(stats, obs) if name == "skip_transformer" else envs.normalize_obs(stats, obs)
+
+
+def some_observations(name, stats, n=6):
+    rng = np.random.default_rng(7)
+    shape = stats.mean.shape[-1:]
+    obs = (np.asarray(stats.mean) + rng.normal(size=(n,) + shape) * 2 * np.sqrt(np.asarray(stats.var)))
+    obs = obs.astype(np.float32)
+    if name == "skip_transformer":  # windows of 3 rows: one empty, two of this episode
+        obs = np.stack([np.concatenate([np.zeros((1, 3)), np.c_[obs[i:i + 2], np.ones(2)]]) for i in range(n - 1)])
+    return jnp.asarray(obs, jnp.float32)
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_epochs_with_normalize_obs(name):
+    config, trainer, init, epoch = compiled(name, normalize_obs=True)
+    _, plain, plain_init, plain_epoch = compiled(name)
+    state = init()
+    assert isinstance(state, envs.Normalized)
+    stats = host(state.obs_stats)
+    np.testing.assert_array_equal(stats.count, 0)
+    np.testing.assert_array_equal(stats.mean, 0)
+    np.testing.assert_array_equal(stats.var, 1)
+
+    # the first epoch normalizes with mean 0 and variance 1 (and CartPole's |obs| < 10): the epoch without the flag
+    first, metrics = epoch(state)
+    plain_first, plain_metrics = plain_epoch(plain_init())
+    chex.assert_trees_all_close(host(first.runner), host(plain_first), rtol=1e-6, atol=1e-6)
+    chex.assert_trees_all_close(host(metrics), host(plain_metrics), rtol=1e-6, atol=1e-6)
+
+    state = first
+    for i in range(2, 4):
+        state, metrics = epoch(state)
+        metrics = host(metrics)
+        for key, value in metrics.items():
+            if not key.startswith("episode/"):  # episode/*: NaN when none finished
+                assert np.all(np.isfinite(value)), key
+        stats = host(state.obs_stats)
+        np.testing.assert_array_equal(stats.count, i * trainer.steps_per_epoch)  # every step of every epoch
+        assert np.all(np.isfinite(stats.mean)) and np.all(stats.var > 0)
+        assert np.all(np.abs(stats.mean).max(-1) > 1e-3) and np.all(np.abs(stats.var - 1).max(-1) > 1e-2)
+        assert not np.allclose(stats.mean[0, 0], stats.mean[0, 1])  # each seed its own
+    # the network has learned on normalized observations: it differs from the run without the flag
+    plain_state = plain_first
+    for _ in range(2):
+        plain_state, _ = plain_epoch(plain_state)
+    field = RUNNER_PARAMS[name]
+    assert not np.allclose(jax.tree.leaves(host(getattr(state.runner, field)))[0],
+                           jax.tree.leaves(host(getattr(plain_state, field)))[0])
+
+    # act normalizes with the statistics that params(state) hands it
+    params = jax.tree.map(lambda x: x[0, 1], trainer.params(state))  # device 0, seed 1
+    net_params, obs_stats = params
+    chex.assert_trees_all_equal(net_params, jax.tree.map(lambda x: x[0, 1], getattr(state.runner, field)))
+    chex.assert_trees_all_equal(obs_stats, jax.tree.map(lambda x: x[0, 1], state.obs_stats))
+    key = jax.random.PRNGKey(0)
+    for obs in some_observations(name, obs_stats):
+        np.testing.assert_array_equal(trainer.act(params, obs, key),
+                                      plain.act(net_params, normalize(name, obs_stats, obs), key))
+
+
+@pytest.mark.parametrize("name", ["ppo_joint", "awr"])
+def test_flag_off_leaves_the_runner_state_as_it_was(name):
+    config, trainer, init, _ = compiled(name)
+    state = jax.eval_shape(init)
+    module = SCRIPTS[name][0]
+    assert type(state) is module.RunnerState and "obs_stats" not in module.RunnerState._fields
+    assert trainer.params(state) is getattr(state, RUNNER_PARAMS[name])
+
+
+def test_two_devices_two_seeds():
+    config, trainer, init, epoch = compiled("ppo_joint", normalize_obs=True, n_devices=2)
+    state = init()
+    for i in range(1, 3):
+        state, metrics = epoch(state)
+        stats = host(state.obs_stats)  # [2 devices, 2 seeds, 4]
+        chex.assert_shape(stats.mean, (2, 2, 4))
+        np.testing.assert_array_equal(stats.count, i * trainer.steps_per_epoch)  # both devices' steps
+        chex.assert_trees_all_equal(jax.tree.map(lambda x: x[0], stats), jax.tree.map(lambda x: x[1], stats))
+        assert not np.allclose(stats.mean[0, 0], stats.mean[0, 1])
+        assert all(np.all(np.isfinite(v)) for k, v in host(metrics).items() if not k.startswith("episode/"))
+
+
+# ----------------------------------------------------------------------------
+# Through run.train: checkpoint, load_agent, resume
+# ----------------------------------------------------------------------------
+RUN = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, total_steps=4 * 16 * 6, num_seeds=2,
+           n_devices=1, eval_every=3, eval_episodes=2, checkpoint_every=50, no_compile_cache=True, seed=3,
+           normalize_obs=True)
+
+
+def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
+    make = ppo_joint.make_trainer
+    whole = run.train(ppo_joint.Config(**RUN, out_dir=str(tmp_path / "whole")), make)
+    part = run.train(ppo_joint.Config(**RUN, out_dir=str(tmp_path / "part")), make, max_epochs=2)
+    assert part["epoch"] == 2
+    resumed = run.train(ppo_joint.Config(**RUN, out_dir=str(tmp_path / "part"), resume=str(tmp_path / "part")), make)
+    assert resumed["epoch"] == whole["epoch"] == 6 and resumed["eval_return"] == whole["eval_return"]
+
+    # the checkpoint holds the statistics: 6 epochs of 64 steps, the same as the uninterrupted run's
+    config = ppo_joint.Config(**RUN)
+    trainer = make(config)
+    template = jax.eval_shape(devices.compile_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
+    states = [run.load_checkpoint(run.latest_checkpoint(tmp_path / d / "checkpoints"), template)[0]
+              for d in ("whole", "part")]
+    chex.assert_trees_all_equal(*states)
+    stats = jax.tree.map(lambda x: x[0, 1], states[0].obs_stats)  # device 0, seed 1
+    assert float(stats.count) == 6 * 64 and np.abs(np.asarray(stats.var) - 1).max() > 1e-2
+    assert json.loads((tmp_path / "whole" / "config.json").read_text())["normalize_obs"] is True
+
+    # load_agent acts with them: the network of seed 1 on the observations normalized by hand
+    act = run.load_agent(tmp_path / "whole", ppo_joint.Config, make, seed=1)
+    net_params = jax.tree.map(lambda x: x[0, 1], states[0].runner.params)
+    dist = ppo_joint.make_distribution(trainer.env.action_space(trainer.env_params))
+    obs = some_observations("ppo_joint", stats)
+    by_hand = [int(dist.mode(ppo_joint.network(net_params, envs.normalize_obs(stats, o), dist, "tanh")[0]))
+               for o in obs]
+    np.testing.assert_array_equal(act(obs), by_hand)
+
+
+@pytest.mark.parametrize("module", [ppo_joint, actor_critic, reinforce, awr, st], ids=lambda m: m.__name__)
+def test_flag_on_the_command_line(module):
+    assert run.parse_config(module.Config, ["--normalize-obs"]).normalize_obs is True
+    assert run.parse_config(module.Config, ["--normalize_obs=False"]).normalize_obs is False
+    assert run.parse_config(module.Config, []).normalize_obs is False
+    assert "running mean and variance" in run.field_docs(module.Config)["normalize_obs"]  # its --help text
