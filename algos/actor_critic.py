@@ -8,7 +8,7 @@ epoch -- a vectorized gymnax rollout, the advantages, the value updates, then
 the policy updates -- is one compiled function.
 
     python algos/actor_critic.py                                  # CartPole-v1, A2C, GAE
-    python algos/actor_critic.py --loss ppo --policy-train-steps 16 --policy-batch-size 256
+    python algos/actor_critic.py --loss ppo                       # 16 minibatch steps of 256 per epoch
 """
 from __future__ import annotations
 
@@ -55,12 +55,14 @@ class Config(run.RunConfig):
     """policy learning rate: linear (annealed to 0 over the run) or constant"""
     value_lr_schedule: Literal["linear", "constant"] = "linear"
     """value learning rate: linear (annealed to 0 over the run) or constant"""
-    policy_batch_size: int = 1024
-    """transitions per policy step, all devices (at most num_envs * num_steps)"""
+    policy_batch_size: int = 0
+    """transitions per policy step, all devices (at most num_envs * num_steps; 0: the whole rollout for a2c,
+    a quarter of it for ppo)"""
     value_batch_size: int = 256
     """transitions per value step, all devices (at most num_envs * num_steps)"""
-    policy_train_steps: int = 1
-    """policy Adam steps per epoch, in passes over the shuffled rollout"""
+    policy_train_steps: int = 0
+    """policy Adam steps per epoch, in passes over the shuffled rollout (0: 1 for a2c, 16 for ppo: PPO needs
+    several, its ratio is 1 at the first)"""
     value_train_steps: int = 16
     """value Adam steps per epoch (run before the policy's), in passes over the shuffled rollout"""
     max_grad_norm: float = 0.5
@@ -93,9 +95,14 @@ class Config(run.RunConfig):
             choices = typing.get_args(typing.get_type_hints(Config)[name])
             run._require(getattr(self, name) in choices, f"--{name.replace('_', '-')} {getattr(self, name)!r}: "
                                                          f"use one of {', '.join(choices)}")
-        for name in ("num_envs", "num_steps", "td_k", "policy_batch_size", "value_batch_size",
-                     "policy_train_steps", "value_train_steps"):
+        for name in ("num_envs", "num_steps", "td_k", "value_batch_size", "value_train_steps"):
             run._require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("policy_batch_size", "policy_train_steps"):
+            run._require(getattr(self, name) >= 0, f"--{name.replace('_', '-')} must be 0 (the --loss default) "
+                                                   f"or more")
+        run._require(self.loss == "a2c" or self.policy_steps > 1,
+                     "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only step): "
+                     "use 2 or more, or 0 for the default 16")
         for name in ("policy_lr", "value_lr"):
             run._require(getattr(self, name) > 0, f"--{name.replace('_', '-')} {getattr(self, name)}: "
                                                   f"use a positive learning rate")
@@ -111,6 +118,17 @@ class Config(run.RunConfig):
         run._require(self.n_replay_epochs == 1,
                      f"--n-replay-epochs {self.n_replay_epochs}: --loss {self.loss} is on-policy and trains only "
                      f"on the current epoch's transitions; use 1")
+
+    @property
+    def policy_steps(self) -> int:
+        """--policy-train-steps, or the --loss default."""
+        return self.policy_train_steps or {"a2c": 1, "ppo": 16}[self.loss]
+
+    @property
+    def policy_batch(self) -> int:
+        """--policy-batch-size, or the --loss default."""
+        rollout = self.num_envs * self.num_steps
+        return self.policy_batch_size or {"a2c": rollout, "ppo": rollout // 4}[self.loss]
 
 
 # ----------------------------------------------------------------------------
@@ -319,9 +337,8 @@ def make_trainer(config: Config) -> run.Trainer:
                          f"use a multiple of {n_devices}")
     envs_per_device = config.num_envs // n_devices
     rollout_size = envs_per_device * config.num_steps  # transitions per device and epoch
-    for name in ("policy_batch_size", "value_batch_size"):
-        size = getattr(config, name)
-        if size % n_devices or size > config.num_envs * config.num_steps:
+    for name, size in (("policy_batch_size", config.policy_batch), ("value_batch_size", config.value_batch_size)):
+        if size < 1 or size % n_devices or size > config.num_envs * config.num_steps:
             raise ValueError(f"--{name.replace('_', '-')} {size}: use a multiple of --n-devices {n_devices} of "
                              f"at most {config.num_envs} envs x {config.num_steps} steps = "
                              f"{config.num_envs * config.num_steps}")
@@ -338,7 +355,7 @@ def make_trainer(config: Config) -> run.Trainer:
         clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
         return optax.chain(clip, optax.adam(lr, eps=1e-5))
 
-    policy_tx = optimizer(config.policy_lr, config.policy_lr_schedule, config.policy_train_steps)
+    policy_tx = optimizer(config.policy_lr, config.policy_lr_schedule, config.policy_steps)
     value_tx = optimizer(config.value_lr, config.value_lr_schedule, config.value_train_steps)
     estimate = estimator(config)
     policy_net = jax.vmap(policy_network, (None, 0, None, None))
@@ -420,8 +437,8 @@ def make_trainer(config: Config) -> run.Trainer:
             config.value_batch_size // n_devices, "value")
         (policy_params, policy_opt_state), policy_metrics = fit(
             functools.partial(policy_loss, dist=dist, config=config), policy_tx, runner.policy_params,
-            runner.policy_opt_state, batch, policy_key, config.policy_train_steps,
-            config.policy_batch_size // n_devices, "policy")
+            runner.policy_opt_state, batch, policy_key, config.policy_steps,
+            config.policy_batch // n_devices, "policy")
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in {**value_metrics, **policy_metrics}.items()}

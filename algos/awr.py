@@ -46,12 +46,16 @@ class Config(run.RunConfig):
     """epochs of transitions kept in the replay buffer (1: only the newest epoch)"""
     policy_lr: float = 1e-3
     """policy Adam learning rate"""
+    policy_lr_schedule: Literal["linear", "constant"] = "linear"
+    """policy learning rate: linear (annealed to 0 over the run) or constant"""
     policy_batch_size: int = 256
     """states per policy minibatch (per device), drawn uniformly from the replay"""
     policy_steps: int = 32
     """policy Adam steps per epoch"""
     value_lr: float = 1e-3
     """critic Adam learning rate"""
+    value_lr_schedule: Literal["linear", "constant"] = "linear"
+    """critic learning rate: linear (annealed to 0 over the run) or constant"""
     value_batch_size: int = 256
     """transitions per critic minibatch (per device), drawn uniformly from the replay"""
     value_steps: int = 32
@@ -219,19 +223,34 @@ def awr_weights(advantages, beta: float, w_max: float):
     return jnp.exp(jnp.minimum(advantages / beta, jnp.log(w_max)))
 
 
-def aggregate_q(q, log_mu, how: str, temperature: float, normalization: str, enumerated: bool):
+def q_scale(q, valid, normalization: str):
+    """std(Q) or mean|Q - mean Q| (+ 1e-5) over the `valid` rows of `q` `[N, K]` on every device; 1 for none.
+
+    Rows of replay slots not yet filled are left out; the moments are merged over
+    `devices.DEVICE_AXIS` from sums, so every device scales by the same number.
+    """
+    chex.assert_rank([q, valid], [2, 1])
+    if normalization == "none":
+        return 1.0
+    psum = lambda x: jax.lax.psum(jnp.sum(x), devices.DEVICE_AXIS)  # noqa: E731
+    rows = valid[:, None]
+    count = psum(valid.astype(jnp.float32)) * q.shape[1]
+    deviation = jnp.where(rows, q - psum(jnp.where(rows, q, 0.0)) / count, 0.0)
+    if normalization == "std":
+        return jnp.sqrt(psum(deviation ** 2) / count) + 1e-5
+    return psum(jnp.abs(deviation)) / count + 1e-5
+
+
+def aggregate_q(q, log_mu, how: str, temperature: float, enumerated: bool, scale=1.0):
     """V_agg(s) from Q(s, a_k) over `[N, K]` actions per state.
 
     mean: mean_k Q_k, or sum_k mu(a_k|s) Q_k when every discrete action is
     enumerated; max: max_k Q_k; softmax: sum_k softmax(Q / T)_k Q_k;
-    logsumexp: T * (logsumexp(Q / T) - log K). `normalization` std|abs divides Q
-    by std(Q) or mean|Q - mean Q| over the whole batch (+ 1e-5) before
-    aggregating and multiplies the result back.
+    logsumexp: T * (logsumexp(Q / T) - log K). Q is divided by `scale` (see
+    `q_scale`) before aggregating and the result multiplied back.
     """
     chex.assert_rank(q, 2)
     chex.assert_equal_shape([q, log_mu])
-    scale = {"none": lambda: 1.0, "std": lambda: jnp.std(q) + 1e-5,
-             "abs": lambda: jnp.mean(jnp.abs(q - jnp.mean(q))) + 1e-5}[normalization]()
     q = q / scale
     if how == "mean":
         agg = jnp.sum(jnp.exp(log_mu) * q, axis=1) if enumerated else jnp.mean(q, axis=1)
@@ -262,14 +281,20 @@ def replay_push(replay: Replay, epoch_data: Transition) -> Replay:
     return Replay(data, (replay.next_slot + 1) % m, jnp.minimum(replay.n_filled + 1, m))
 
 
-def policy_loss(params, obs, actions, weights, log_mu, dist, config: Config):
-    """-sum_k w_k log pi(a_k|s) m_k / sum m_k over `[N, K]`, the mask m folded into `weights`."""
+def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Config):
+    """-mean_s [sum_k w_k log pi(a_k|s) m_k / sum_k m_k] over `[N, K]` weights and mask.
+
+    m_k = mask_k (1, or mu(a_k|s) when every action is enumerated), times
+    rho_k = exp(stopgrad(log pi(a_k|s)) - log mu(a_k|s)) with --reweight.
+    """
+    chex.assert_equal_shape([weights, mask, log_mu])
     inputs = jax.vmap(policy_net, (None, 0, None, None))(params, obs, dist, config.activation)
     log_pi = jax.vmap(dist.log_prob, (None, 1), 1)(inputs, actions)  # [N, K]
     if config.reweight:  # towards the current policy: pi(a_k|s) / mu(a_k|s)
-        weights = weights * jnp.exp(jax.lax.stop_gradient(log_pi) - log_mu)
+        mask = mask * jnp.exp(jax.lax.stop_gradient(log_pi) - log_mu)
     entropy = jnp.mean(dist.entropy(inputs))
-    loss = -jnp.sum(weights * log_pi) / weights.shape[0] - config.ent_coef * entropy
+    weighted = jnp.sum(weights * mask * log_pi, axis=1) / jnp.sum(mask, axis=1)
+    loss = -jnp.mean(weighted) - config.ent_coef * entropy
     return loss, {"loss/policy": loss, "policy/entropy": entropy, "policy/log_prob_mean": jnp.mean(log_pi)}
 
 
@@ -291,13 +316,22 @@ def make_trainer(config: Config) -> run.Trainer:
     if num_epochs < 1:
         raise ValueError(f"--total-steps {config.total_steps} is less than one epoch "
                          f"({config.num_envs} envs x {T} steps = {steps_per_epoch})")
+    if config.q_value and K == 1 and not (dist.discrete and dist.n == 1):
+        raise ValueError("--q-value with --n-samples 1 learns nothing: every advantage Q(s, a_1) - mean_k Q(s, a_k) "
+                         "is 0; use --n-samples 2 or more" + (f" ({dist.n} enumerates every action of {config.env})"
+                                                             if dist.discrete else ""))
     enumerate_all = config.q_value and dist.discrete and K == dist.n
     obs_shape = env.observation_space(env_params).shape
     obs_dim = int(np.prod(obs_shape))
     code_dim = (dist.n if dist.discrete else dist.d) if config.q_value else 0
-    clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
-    policy_tx = optax.chain(clip, optax.adam(config.policy_lr))
-    critic_tx = optax.chain(clip, optax.adam(config.value_lr))
+
+    def optimizer(lr: float, schedule: str, n_steps: int):
+        lr = optax.linear_schedule(lr, 0.0, num_epochs * n_steps) if schedule == "linear" else lr
+        clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
+        return optax.chain(clip, optax.adam(lr))
+
+    policy_tx = optimizer(config.policy_lr, config.policy_lr_schedule, config.policy_steps)
+    critic_tx = optimizer(config.value_lr, config.value_lr_schedule, config.value_steps)
     pi = jax.vmap(policy_net, (None, 0, None, None))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
     n_buffer = m * T * envs_per_device
@@ -309,11 +343,11 @@ def make_trainer(config: Config) -> run.Trainer:
         return jax.vmap(jax.vmap(q_one, (None, 0)))(obs, actions)
 
     def init(key):
-        policy_key, critic_key, env_key = jax.random.split(key, 3)  # same on every device
+        policy_key, head_key, critic_key, out_key, env_key = jax.random.split(key, 5)  # same on every device
         policy = {"torso": torso_init(policy_key, obs_dim, config.hidden),
-                  "head": dist.head_init(jax.random.fold_in(policy_key, 1), config.hidden[-1])}
+                  "head": dist.head_init(head_key, config.hidden[-1])}
         critic_params = {"torso": torso_init(critic_key, obs_dim + code_dim, config.hidden),
-                         "out": dense_init(jax.random.fold_in(critic_key, 1), config.hidden[-1], 1, 1.0)}
+                         "out": dense_init(out_key, config.hidden[-1], 1, 1.0)}
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
         zeros = lambda shape=(), dtype=jnp.float32: jnp.zeros((m, T, envs_per_device) + shape, dtype)  # noqa: E731
@@ -326,19 +360,19 @@ def make_trainer(config: Config) -> run.Trainer:
                              env_state, obs, envs.init_episode_stats(envs_per_device), run_key)
         return envs.Normalized(runner, envs.init_obs_stats(obs.shape[1:])) if config.normalize_obs else runner
 
-    def targets_and_samples(critic_params, data: Transition, key):
+    def targets_and_samples(critic_params, data: Transition, valid, key):
         """TD(lambda) targets [N], and K actions per state with their advantages and log mu."""
         flat = lambda x: x.reshape((-1,) + x.shape[3:])  # noqa: E731  [m, T, B, ...] -> [m*T*B, ...]
         if config.q_value:
             s_key, next_key = jax.random.split(key)
             actions, log_mu = sample_actions(dist, flat(data.inputs), s_key, K, enumerate_all)  # [N, K, ...]
             next_actions, next_log_mu = sample_actions(dist, flat(data.next_inputs), next_key, K, enumerate_all)
-            agg = lambda q, lm, how: aggregate_q(q, lm, how, config.q_temperature, config.q_normalization,  # noqa: E731
-                                                 enumerate_all)
             q = critic(critic_params, flat(data.obs), actions)
-            next_values = agg(critic(critic_params, flat(data.final_obs), next_actions), next_log_mu,
-                              config.q_aggregate)
-            baseline = agg(q, log_mu, "mean")[:, None]  # mean_k Q, or sum_k mu_k Q_k when enumerated
+            next_q = critic(critic_params, flat(data.final_obs), next_actions)
+            next_values = aggregate_q(next_q, next_log_mu, config.q_aggregate, config.q_temperature, enumerate_all,
+                                      q_scale(next_q, valid, config.q_normalization))
+            # mean_k Q, or sum_k mu_k Q_k when enumerated (a scale would cancel)
+            baseline = aggregate_q(q, log_mu, "mean", config.q_temperature, enumerate_all)[:, None]
             advantages = q - baseline
         else:
             actions, log_mu = flat(data.action)[:, None], jnp.zeros((n_buffer, 1))
@@ -387,7 +421,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # TARGETS: TD(lambda) over every stored epoch with the critic as it is now
         # (for Sampling AWR this is the target copy, refreshed here once per epoch).
-        returns, actions, advantages, log_mu, q = targets_and_samples(runner.critic, data, target_key)
+        returns, actions, advantages, log_mu, q = targets_and_samples(runner.critic, data, valid, target_key)
 
         # UPDATE (critic): L2 regression of V(s_t), or Q(s_t, a_t) on the taken action, on the returns.
         def critic_loss(params, idx):
@@ -413,7 +447,7 @@ def make_trainer(config: Config) -> run.Trainer:
         # ADVANTAGES: plain AWR recomputes them with the updated critic (A = G - V);
         # Sampling AWR keeps the target copy's A_k = Q(s, a_k) - V(s).
         if not config.q_value:
-            returns, actions, advantages, log_mu, _ = targets_and_samples(critic_params, data, target_key)
+            returns, actions, advantages, log_mu, _ = targets_and_samples(critic_params, data, valid, target_key)
         # Standardized over the valid replay of every device.
         mask = valid[:, None].astype(jnp.float32)
         masked_mean = lambda x: jnp.sum(x * mask) / jnp.sum(mask) / K  # noqa: E731
@@ -422,13 +456,13 @@ def make_trainer(config: Config) -> run.Trainer:
         if not config.no_normalize_advantages:
             advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
         weights = awr_weights(advantages, config.beta, config.w_max)
-        # m_k / sum_k m_k per state: m_k = mu(a_k|s) when every action is enumerated, else 1.
-        loss_weights = weights * jnp.exp(log_mu) if enumerate_all else weights / K
+        # The mask m_k: mu(a_k|s) when every action is enumerated, else 1.
+        sample_mask = jnp.exp(log_mu) if enumerate_all else jnp.ones_like(log_mu)
 
         # UPDATE (policy): weighted log-likelihood of the K actions per state.
         policy_step = sgd_step(
-            lambda p, idx: policy_loss(p, flat_data.obs[idx], actions[idx], loss_weights[idx], log_mu[idx], dist,
-                                       config),
+            lambda p, idx: policy_loss(p, flat_data.obs[idx], actions[idx], weights[idx], sample_mask[idx],
+                                       log_mu[idx], dist, config),
             policy_tx, config.policy_batch_size)
         (policy, policy_opt), policy_metrics = jax.lax.scan(
             policy_step, (runner.policy, runner.policy_opt), jax.random.split(policy_key, config.policy_steps))

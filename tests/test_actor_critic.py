@@ -291,6 +291,26 @@ def test_bad_config_is_rejected(overrides, match):
         Config(**{**TINY, **overrides})
 
 
+def test_ppo_defaults_take_several_minibatch_steps_and_differ_from_a2c():
+    """With one policy step on the whole rollout the ratio is 1 and PPO's gradient is A2C's."""
+    assert (Config().policy_steps, Config().policy_batch) == (1, 1024)
+    assert (Config(loss="ppo").policy_steps, Config(loss="ppo").policy_batch) == (16, 256)
+    assert Config(loss="ppo", policy_train_steps=4, policy_batch_size=512).policy_steps == 4
+    with pytest.raises(ValueError, match="--loss ppo --policy-train-steps 1 is A2C"):
+        Config(loss="ppo", policy_train_steps=1)
+    policies = {}
+    for loss in ("a2c", "ppo"):  # the defaults, apart from the loss: one epoch from the same state
+        trainer = make_trainer(Config(loss=loss, n_devices=1))
+        keys = devices.seed_keys(jax.random.PRNGKey(0), 1, 1)
+        state = devices.compile_init(trainer.init)(keys)
+        state, _ = devices.compile_epoch(trainer.epoch, 1)(state)
+        policies[loss] = host(state.policy_params)
+        counts = [x for x in jax.tree.leaves(host(state.policy_opt_state)) if x.dtype == np.int32]
+        assert all(np.all(x == {"a2c": 1, "ppo": 16}[loss]) for x in counts)
+    assert any(not np.allclose(a, p, atol=1e-6) for a, p in zip(jax.tree.leaves(policies["a2c"]),
+                                                                jax.tree.leaves(policies["ppo"])))
+
+
 @pytest.mark.parametrize("overrides, match", [
     (dict(policy_batch_size=129 * 4), r"--policy-batch-size 516: .* at most 4 envs x 32 steps = 128"),
     (dict(value_batch_size=33, n_devices=2), r"--value-batch-size 33: use a multiple of --n-devices 2"),
@@ -358,7 +378,7 @@ def test_a2c_learns_cartpole(tmp_path):
 
 @pytest.mark.slow
 def test_ppo_learns_cartpole(tmp_path):
-    config = Config(loss="ppo", policy_train_steps=16, policy_batch_size=256, seed=0, n_devices=1,
+    config = Config(loss="ppo", seed=0, n_devices=1,
                     eval_every=0, total_steps=200_000, out_dir=str(tmp_path))
     summary = run.train(config, make_trainer, "actor_critic")
     assert summary["eval_return"] >= 475, summary

@@ -34,9 +34,13 @@ def test_weights_are_exp_a_over_beta_clipped_at_w_max():
     assert np.all(np.isfinite(grad))
 
 
+def numpy_scale(q, normalization):
+    return {"none": 1.0, "std": q.std() + 1e-5, "abs": np.abs(q - q.mean()).mean() + 1e-5}[normalization]
+
+
 def numpy_aggregate(q, log_mu, how, t, normalization, enumerated):
     q = np.float64(q)
-    scale = {"none": 1.0, "std": q.std() + 1e-5, "abs": np.abs(q - q.mean()).mean() + 1e-5}[normalization]
+    scale = numpy_scale(q, normalization)
     q = q / scale
     if how == "mean":
         out = (np.exp(log_mu) * q).sum(1) if enumerated else q.mean(1)
@@ -57,7 +61,8 @@ def numpy_aggregate(q, log_mu, how, t, normalization, enumerated):
 def test_aggregates_match_numpy(how, normalization, enumerated):
     q = jax.random.normal(jax.random.PRNGKey(0), (16, 5)) * 3.0 + 1.0
     log_mu = jax.nn.log_softmax(jax.random.normal(jax.random.PRNGKey(1), (16, 5)))
-    got = aggregate_q(q, log_mu, how, 0.7, normalization, enumerated)
+    scale = numpy_scale(np.float64(q), normalization)
+    got = aggregate_q(q, log_mu, how, 0.7, enumerated, jnp.float32(scale))
     want = numpy_aggregate(np.asarray(q), np.asarray(log_mu), how, 0.7, normalization, enumerated)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
@@ -66,14 +71,26 @@ def test_normalization_changes_only_temperature_dependent_aggregates():
     q = jax.random.normal(jax.random.PRNGKey(2), (8, 4)) * 10.0
     log_mu = jnp.zeros((8, 4))
     for how, invariant in (("mean", True), ("max", True), ("logsumexp", False)):
-        raw, std = (aggregate_q(q, log_mu, how, 1.0, n, False) for n in ("none", "std"))
+        raw, std = (aggregate_q(q, log_mu, how, 1.0, False, numpy_scale(np.float64(q), n)) for n in ("none", "std"))
         assert np.allclose(raw, std, rtol=1e-4) == invariant, how
+
+
+@pytest.mark.parametrize("normalization", ["std", "abs"])
+def test_q_scale_uses_filled_rows_of_every_device(normalization):
+    q = jax.random.normal(jax.random.PRNGKey(6), (2, 12, 3)) * jnp.array([1.0, 5.0])[:, None, None] + 2.0
+    valid = jnp.arange(12) < 5  # 5 of 12 rows filled on each device; the rest hold Q of empty slots
+    q = jnp.where(valid[None, :, None], q, 0.0)
+    got = jax.vmap(awr.q_scale, (0, None, None), axis_name=devices.DEVICE_AXIS)(q, valid, normalization)
+    want = numpy_scale(np.float64(q[:, :5]).ravel(), normalization)  # both devices' filled rows, pooled
+    np.testing.assert_allclose(got, [want, want], rtol=1e-5)
+    assert awr.q_scale(q[0], valid, "none") == 1.0
+    assert not np.isclose(want, numpy_scale(np.float64(q[0]).ravel(), normalization))  # one device, empty rows
 
 
 def test_logsumexp_tends_to_max_when_cold_and_to_mean_when_hot():
     q = jax.random.normal(jax.random.PRNGKey(3), (32, 4))
     log_mu = jnp.zeros_like(q)
-    lse = lambda t: np.asarray(aggregate_q(q, log_mu, "logsumexp", t, "none", False))  # noqa: E731
+    lse = lambda t: np.asarray(aggregate_q(q, log_mu, "logsumexp", t, False))  # noqa: E731
     gaps_max = [np.abs(lse(t) - np.max(q, 1)).max() for t in (1.0, 0.1, 0.01)]
     gaps_mean = [np.abs(lse(t) - np.mean(q, 1)).max() for t in (1.0, 10.0, 1000.0)]
     assert gaps_max[0] > gaps_max[1] > gaps_max[2] and gaps_max[2] < 0.02  # T log K gap: 0.014 at T 0.01
@@ -88,7 +105,7 @@ def test_enumerating_every_discrete_action_gives_the_policy_expectation():
     probs = np.exp(np.float64(inputs)) / np.exp(np.float64(inputs)).sum()
     np.testing.assert_allclose(np.exp(log_mu), probs[None], rtol=1e-5)
     q = jnp.array([[1.0, 5.0, -2.0]])
-    baseline = aggregate_q(q, log_mu, "mean", 1.0, "none", enumerated=True)
+    baseline = aggregate_q(q, log_mu, "mean", 1.0, enumerated=True)
     np.testing.assert_allclose(baseline, [(probs * [1.0, 5.0, -2.0]).sum()], rtol=1e-5)
     assert not np.isclose(baseline[0], q.mean())  # unlike the plain mean of sampled actions
 
@@ -175,23 +192,43 @@ def test_td_lambda_bootstraps_truncation_not_termination():
     assert float(g[0, 0]) == 0.0 and float(g[0, 1]) == 2.5  # the earlier step sees only its own episode
 
 
-def test_policy_loss_matches_numpy_and_reweights_towards_pi():
+def policy_setup(n=6, k=3):
     dist = Categorical(2)
-    config = Config(hidden=(8,), reweight=False)
     params = {"torso": awr.torso_init(jax.random.PRNGKey(0), 4, (8,)),
               "head": dist.head_init(jax.random.PRNGKey(1), 8)}
-    obs = jax.random.normal(jax.random.PRNGKey(2), (6, 4))
-    actions = jax.random.bernoulli(jax.random.PRNGKey(3), 0.5, (6, 3)).astype(jnp.int32)
-    weights = jax.random.uniform(jax.random.PRNGKey(4), (6, 3))
-    log_mu = jnp.log(jax.random.uniform(jax.random.PRNGKey(5), (6, 3), minval=0.2, maxval=0.8))
+    obs = jax.random.normal(jax.random.PRNGKey(2), (n, 4))
+    actions = jax.random.bernoulli(jax.random.PRNGKey(3), 0.5, (n, k)).astype(jnp.int32)
     inputs = jax.vmap(awr.policy_net, (None, 0, None, None))(params, obs, dist, "tanh")
-    log_pi = np.asarray(jax.nn.log_softmax(inputs))[np.arange(6)[:, None], np.asarray(actions)]
-    loss, _ = awr.policy_loss(params, obs, actions, weights, log_mu, dist, config)
-    np.testing.assert_allclose(loss, -(np.asarray(weights) * log_pi).sum() / 6, rtol=1e-5)
-    reweighted = Config(hidden=(8,), q_value=True, reweight=True)
-    loss, _ = awr.policy_loss(params, obs, actions, weights, log_mu, dist, reweighted)
-    np.testing.assert_allclose(loss, -(np.asarray(weights) * np.exp(log_pi - log_mu) * log_pi).sum() / 6,
-                               rtol=1e-5)
+    log_pi = np.asarray(jax.nn.log_softmax(inputs))[np.arange(n)[:, None], np.asarray(actions)]
+    return dist, params, obs, actions, log_pi
+
+
+def test_policy_loss_normalizes_each_state_by_its_mask():
+    dist, params, obs, actions, log_pi = policy_setup()
+    weights = jax.random.uniform(jax.random.PRNGKey(4), (6, 3))
+    mask = jax.random.uniform(jax.random.PRNGKey(5), (6, 3), minval=0.1, maxval=1.0)
+    log_mu = jnp.log(jax.random.uniform(jax.random.PRNGKey(6), (6, 3), minval=0.2, maxval=0.8))
+    loss, _ = awr.policy_loss(params, obs, actions, weights, mask, log_mu, dist, Config(hidden=(8,)))
+    w, m = np.asarray(weights), np.asarray(mask)
+    np.testing.assert_allclose(loss, -np.mean((w * m * log_pi).sum(1) / m.sum(1)), rtol=1e-5)
+    ones, _ = awr.policy_loss(params, obs, actions, weights, jnp.ones((6, 3)), log_mu, dist, Config(hidden=(8,)))
+    np.testing.assert_allclose(ones, -np.mean((w * log_pi).sum(1) / 3), rtol=1e-5)  # sampled: 1/K each
+
+
+def test_reweight_divides_by_the_sum_of_the_importance_weighted_mask():
+    """SPEC 3.5: m_k = rho_k = pi(a_k|s) / mu(a_k|s); w = [1, 1], rho = [2, 0.5] weighs [0.8, 0.2]."""
+    dist, params, obs, actions, log_pi = policy_setup(n=1, k=2)
+    log_mu = jnp.asarray(log_pi - np.log([[2.0, 0.5]]), jnp.float32)  # rho = [2, 0.5]
+    config = Config(hidden=(8,), q_value=True, n_samples=2, reweight=True)
+    args = (obs, actions, jnp.ones((1, 2)), jnp.ones((1, 2)), log_mu, dist, config)
+    loss, _ = awr.policy_loss(params, *args)
+    np.testing.assert_allclose(loss, -(0.8 * log_pi[0, 0] + 0.2 * log_pi[0, 1]), rtol=1e-5)
+    # rho is a constant of the gradient (stop-gradient): the same gradient as fixed weights [0.8, 0.2]
+    grad = jax.grad(lambda p: awr.policy_loss(p, *args)[0])(params)
+    fixed = Config(hidden=(8,), q_value=True, n_samples=2)
+    want = jax.grad(lambda p: awr.policy_loss(p, obs, actions, jnp.ones((1, 2)), jnp.array([[0.8, 0.2]]), log_mu,
+                                              dist, fixed)[0])(params)
+    chex.assert_trees_all_close(grad, want, rtol=1e-4, atol=1e-7)
 
 
 # ----------------------------------------------------------------------------
@@ -262,6 +299,19 @@ def test_bad_setup_is_rejected_by_make_trainer():
         make_trainer(Config(total_steps=100))
     with pytest.raises(ValueError, match="--std network applies to continuous"):
         make_trainer(Config(std="network"))
+    with pytest.raises(ValueError, match="--n-samples 1 learns nothing.*2 enumerates every action"):
+        make_trainer(Config(q_value=True))  # K = 1: every advantage is Q(s, a_1) - Q(s, a_1) = 0
+    with pytest.raises(ValueError, match="--n-samples 1 learns nothing.*use --n-samples 2 or more$"):
+        make_trainer(Config(q_value=True, env="Pendulum-v1"))
+
+
+def test_q_value_with_one_sample_is_refused_in_one_line_before_compiling(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / "awr.py"), "--q-value", "--out-dir", str(tmp_path / "r")],
+                         cwd=tmp_path, env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "--n-samples 2" in out.stderr, out.stderr
+    assert not (tmp_path / "r").exists()
 
 
 # ----------------------------------------------------------------------------
