@@ -124,32 +124,36 @@ class ContextWindow:
     column is 1 for rows of the current episode, 0 for empty rows. An episode end
     clears the window. `info["final_observation"]` is the window ending with the
     episode's last observation: a truncated episode bootstraps from its own context.
+    `observe` is that update, from one observation of the wrapped environment (shape
+    `raw_obs_shape`); `run.load_agent` keeps windows with it for a caller's observations.
     """
 
     def __init__(self, env, env_params, context_len: int, keep=None):
         self.env, self.context_len, self.keep = env, context_len, keep
-        self.obs_dim = len(keep) if keep else int(np.prod(env.observation_space(env_params).shape))
+        self.raw_obs_shape = tuple(env.observation_space(env_params).shape)
+        self.obs_dim = len(keep) if keep else int(np.prod(self.raw_obs_shape))
+        self.window_shape = (context_len, self.obs_dim + 1)
 
     def action_space(self, env_params):
         return self.env.action_space(env_params)
 
-    def _push(self, window, obs):  # drop the oldest row, append [obs, 1]
+    def observe(self, window, obs, first):
+        """The window after `obs`: the oldest row out, `[obs, 1]` in; if `obs` starts an episode (`first`),
+        the rows of the one before are cleared first."""
         obs = jnp.ravel(obs).astype(jnp.float32)
         row = jnp.append(obs if self.keep is None else obs[jnp.array(self.keep)], 1.0)
-        return jnp.concatenate([window[1:], row[None]])
+        return jnp.concatenate([jnp.where(first, 0.0, window)[1:], row[None]])
 
     def reset(self, key, env_params):
         obs, env_state = self.env.reset(key, env_params)
-        window = self._push(jnp.zeros((self.context_len, self.obs_dim + 1), jnp.float32), obs)
+        window = self.observe(jnp.zeros(self.window_shape, jnp.float32), obs, True)
         return window, WindowState(env_state, window)
 
     def step(self, key, state: WindowState, action, env_params):
         obs, env_state, reward, terminated, truncated, info = self.env.step(key, state.env_state, action,
                                                                             env_params)
-        last = self._push(state.window, info["final_observation"])  # = push(window, obs) if not done
-        fresh = self._push(jnp.zeros_like(state.window), obs)
-        window = jnp.where(jnp.logical_or(terminated, truncated), fresh, last)
-        info = {**info, "final_observation": last}
+        window = self.observe(state.window, obs, jnp.logical_or(terminated, truncated))  # obs: after any reset
+        info = {**info, "final_observation": self.observe(state.window, info["final_observation"], False)}
         return window, WindowState(env_state, window), reward, terminated, truncated, info
 
 
