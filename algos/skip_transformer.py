@@ -487,6 +487,15 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
 def main(argv=None) -> dict:
     """run.main, plus the greedy return at every depth (printed, and added to summary.json)."""
     config = run.parse_config(Config, argv, __doc__.split("\n\n")[0])
+    per_epoch = config.update_epochs * config.num_minibatches
+    grad_steps = config.total_steps // (config.num_envs * config.num_steps) * per_epoch
+    unskipped = skipping.steps_without_skipping(config.n_layers, config.skip_warmup_steps)
+    if config.skip_fraction and grad_steps <= unskipped:  # the same run for every --skip-fraction
+        print(f"warning: --skip-fraction {config.skip_fraction} changes nothing in this run: its {grad_steps} gradient "
+              f"steps all come before step {unskipped} (--skip-warmup-steps / --n-layers), and until then the warmup "
+              f"runs every block; train for at least "
+              f"{(unskipped // per_epoch + 1) * config.num_envs * config.num_steps:,} environment steps, or lower "
+              f"--skip-warmup-steps", file=sys.stderr)
     if not config.out_dir and not config.resume:  # run.train's default directory, named here to find it again
         config = dataclasses.replace(config, out_dir=f"runs/skip_transformer-{config.env}-seed{config.seed}-"
                                                      f"{time.strftime('%Y%m%d-%H%M%S')}")

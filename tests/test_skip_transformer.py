@@ -376,6 +376,25 @@ def test_bad_flags_fail_before_compiling(tmp_path, args, message):
     assert "compiled in" not in out.stdout and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("total_steps, grad_steps", [(20_000, 304), (32_767, 496), (32_768, None), (200_000, None)])
+def test_main_warns_when_the_warmup_leaves_skip_fraction_no_effect(total_steps, grad_steps, monkeypatch, capsys):
+    """Defaults: no block is skipped in the first 1000 / 2 = 500 gradient steps (16 per epoch of 1,024
+    environment steps), so a run of fewer than 32 epochs is the same for every --skip-fraction."""
+    def train(config, *_):
+        raise SystemExit("stopped before training")
+
+    monkeypatch.setattr(run, "train", train)
+    with pytest.raises(SystemExit, match="stopped before training"):
+        st.main(["--total-steps", str(total_steps)])
+    err = capsys.readouterr().err
+    if grad_steps is None:
+        assert "warning" not in err
+    else:
+        assert (f"warning: --skip-fraction 0.4 changes nothing in this run: its {grad_steps} gradient steps all come "
+                f"before step 500 (--skip-warmup-steps / --n-layers), and until then the warmup runs every block; "
+                f"train for at least 32,768 environment steps, or lower --skip-warmup-steps") in err, err
+
+
 @pytest.mark.slow
 def test_cli_two_seeds_on_two_devices_writes_outputs_and_returns_by_depth(tmp_path):
     out_dir = tmp_path / "run"
