@@ -29,6 +29,7 @@ import optax  # noqa: E402
 
 from common import devices, envs, run  # noqa: E402
 from common.distributions import make_distribution  # noqa: E402
+from common.metrics import residual_metrics  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -442,13 +443,9 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in {**value_metrics, **policy_metrics}.items()}
-        metrics.update({
-            "value/advantage_mean": jnp.mean(advantages),  # mean(R - V)
-            "value/advantage_norm": jnp.sqrt(jnp.sum(advantages ** 2)),
-            "value/explained_variance": 1.0 - jnp.var(advantages) / (jnp.var(targets) + 1e-8),
-            "policy/preferred_move": jnp.mean(traj.greedy_action),
-        })
+        metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
+        metrics.update(residual_metrics(advantages, targets))  # A = R - V over every device's batch
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
         runner = runner._replace(policy_params=policy_params, value_params=value_params,
                                  policy_opt_state=policy_opt_state, value_opt_state=value_opt_state, key=key)

@@ -25,6 +25,7 @@ import optax  # noqa: E402
 
 from common import devices, envs, run  # noqa: E402
 from common.distributions import make_distribution  # noqa: E402
+from common.metrics import residual_metrics  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,15 +287,10 @@ def make_trainer(config: Config) -> run.Trainer:
             update_epoch, (runner.params, runner.opt_state), jax.random.split(perm_key, config.update_epochs))
 
         # METRICS: scalar means, identical on every device.
-        residual = targets - traj.value  # R - V
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
-        metrics.update({
-            "value/advantage_mean": jnp.mean(residual),
-            "value/advantage_norm": jnp.sqrt(jnp.sum(residual ** 2)),
-            "value/explained_variance": 1.0 - jnp.var(residual) / (jnp.var(targets) + 1e-8),
-            "policy/preferred_move": jnp.mean(traj.greedy_action),
-        })
+        metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
+        metrics.update(residual_metrics(targets - traj.value, targets))  # R - V over every device's batch
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
         runner = runner._replace(params=params, opt_state=opt_state, key=key)
         if config.normalize_obs:  # this epoch's observations, every device's, join the statistics

@@ -34,6 +34,7 @@ import optax  # noqa: E402
 
 from common import devices, envs, run, skipping  # noqa: E402
 from common.distributions import make_distribution  # noqa: E402
+from common.metrics import residual_metrics  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,32 +124,36 @@ class ContextWindow:
     column is 1 for rows of the current episode, 0 for empty rows. An episode end
     clears the window. `info["final_observation"]` is the window ending with the
     episode's last observation: a truncated episode bootstraps from its own context.
+    `observe` is that update, from one observation of the wrapped environment (shape
+    `raw_obs_shape`); `run.load_agent` keeps windows with it for a caller's observations.
     """
 
     def __init__(self, env, env_params, context_len: int, keep=None):
         self.env, self.context_len, self.keep = env, context_len, keep
-        self.obs_dim = len(keep) if keep else int(np.prod(env.observation_space(env_params).shape))
+        self.raw_obs_shape = tuple(env.observation_space(env_params).shape)
+        self.obs_dim = len(keep) if keep else int(np.prod(self.raw_obs_shape))
+        self.window_shape = (context_len, self.obs_dim + 1)
 
     def action_space(self, env_params):
         return self.env.action_space(env_params)
 
-    def _push(self, window, obs):  # drop the oldest row, append [obs, 1]
+    def observe(self, window, obs, first):
+        """The window after `obs`: the oldest row out, `[obs, 1]` in; if `obs` starts an episode (`first`),
+        the rows of the one before are cleared first."""
         obs = jnp.ravel(obs).astype(jnp.float32)
         row = jnp.append(obs if self.keep is None else obs[jnp.array(self.keep)], 1.0)
-        return jnp.concatenate([window[1:], row[None]])
+        return jnp.concatenate([jnp.where(first, 0.0, window)[1:], row[None]])
 
     def reset(self, key, env_params):
         obs, env_state = self.env.reset(key, env_params)
-        window = self._push(jnp.zeros((self.context_len, self.obs_dim + 1), jnp.float32), obs)
+        window = self.observe(jnp.zeros(self.window_shape, jnp.float32), obs, True)
         return window, WindowState(env_state, window)
 
     def step(self, key, state: WindowState, action, env_params):
         obs, env_state, reward, terminated, truncated, info = self.env.step(key, state.env_state, action,
                                                                             env_params)
-        last = self._push(state.window, info["final_observation"])  # = push(window, obs) if not done
-        fresh = self._push(jnp.zeros_like(state.window), obs)
-        window = jnp.where(jnp.logical_or(terminated, truncated), fresh, last)
-        info = {**info, "final_observation": last}
+        window = self.observe(state.window, obs, jnp.logical_or(terminated, truncated))  # obs: after any reset
+        info = {**info, "final_observation": self.observe(state.window, info["final_observation"], False)}
         return window, WindowState(env_state, window), reward, terminated, truncated, info
 
 
@@ -427,16 +432,13 @@ def make_trainer(config: Config) -> run.Trainer:
             jax.random.split(perm_key, config.update_epochs))
 
         # METRICS: scalar means, identical on every device.
-        residual = targets - traj.value  # R - V
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
         metrics.update({
-            "value/advantage_mean": jnp.mean(residual),
-            "value/advantage_norm": jnp.sqrt(jnp.sum(residual ** 2)),
-            "value/explained_variance": 1.0 - jnp.var(residual) / (jnp.var(targets) + 1e-8),
             "policy/preferred_move": jnp.mean(traj.greedy_action),
             "skip/warmup": skipping.warmup_factor(skip_step, config.skip_warmup_steps),
         })
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
+        metrics.update(residual_metrics(targets - traj.value, targets))  # R - V over every device's batch
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
         runner = runner._replace(params=params, opt_state=opt_state, skip_step=skip_step, key=key)
         if config.normalize_obs:  # this epoch's observations (each window's newest), every device's, join them
@@ -485,6 +487,15 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
 def main(argv=None) -> dict:
     """run.main, plus the greedy return at every depth (printed, and added to summary.json)."""
     config = run.parse_config(Config, argv, __doc__.split("\n\n")[0])
+    per_epoch = config.update_epochs * config.num_minibatches
+    grad_steps = config.total_steps // (config.num_envs * config.num_steps) * per_epoch
+    unskipped = skipping.steps_without_skipping(config.n_layers, config.skip_warmup_steps)
+    if config.skip_fraction and grad_steps <= unskipped:  # the same run for every --skip-fraction
+        print(f"warning: --skip-fraction {config.skip_fraction} changes nothing in this run: its {grad_steps} gradient "
+              f"steps all come before step {unskipped} (--skip-warmup-steps / --n-layers), and until then the warmup "
+              f"runs every block; train for at least "
+              f"{(unskipped // per_epoch + 1) * config.num_envs * config.num_steps:,} environment steps, or lower "
+              f"--skip-warmup-steps", file=sys.stderr)
     if not config.out_dir and not config.resume:  # run.train's default directory, named here to find it again
         config = dataclasses.replace(config, out_dir=f"runs/skip_transformer-{config.env}-seed{config.seed}-"
                                                      f"{time.strftime('%Y%m%d-%H%M%S')}")

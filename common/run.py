@@ -256,7 +256,10 @@ class Trainer(NamedTuple):
     `init(key) -> state` and `epoch(state) -> (state, metrics)` run under
     `devices.compile_epoch`; `epoch` must average gradients over
     `devices.DEVICE_AXIS`. `act(params, obs, key)` is the greedy action for one
-    observation; `params(state)` picks what `act` needs out of the state.
+    observation; `params(state)` picks what `act` needs out of the state. An `env`
+    that observes through a window of past observations (skip_transformer's
+    `ContextWindow`) has `observe(window, obs, first) -> window`, `window_shape`
+    and `raw_obs_shape`, so that `load_agent` can keep windows for a caller.
     """
 
     init: Callable
@@ -329,7 +332,8 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
     `obs` is one observation or a batch `[N, *obs_shape]`; the action keeps the
     batch axis. A run of several seeds (`--num-seeds`) gives actions of every seed,
     `[num_seeds, ...]` (with `--sweep`, member-major: `[members * num_seeds, ...]`),
-    unless `seed` picks one.
+    unless `seed` picks one. A policy that reads a window of past observations
+    (skip_transformer) gives a `WindowAgent`, `act(obs, key=None, first=False)`.
 
         act = run.load_agent("runs/awr-...", awr.Config, awr.make_trainer)
     """
@@ -348,7 +352,8 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
     if seed is not None or runs == 1:
         _require(0 <= (seed or 0) < runs, f"seed={seed}: the run has {runs} seed(s) (x sweep members)")
         params = jax.tree.map(lambda x: x[seed or 0], params)
-    obs_ndim = len(trainer.env.observation_space(trainer.env_params).shape)
+    windowed = hasattr(trainer.env, "window_shape")  # the env's observations are windows (see Trainer): act reads those
+    obs_ndim = len(trainer.env.window_shape if windowed else trainer.env.observation_space(trainer.env_params).shape)
 
     @jax.jit
     def greedy(obs, key):
@@ -359,7 +364,50 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
             act = jax.vmap(act, (0, None))
         return act(params, obs)
 
-    return lambda obs, key=None: greedy(jnp.asarray(obs), jax.random.PRNGKey(0) if key is None else key)
+    act = lambda obs, key=None: greedy(jnp.asarray(obs), jax.random.PRNGKey(0) if key is None else key)  # noqa: E731
+    return WindowAgent(act, trainer.env) if windowed else act
+
+
+class WindowAgent:
+    """`load_agent`'s policy for a run whose policy reads a window of past observations (skip_transformer).
+
+        agent = run.load_agent("runs/skip_transformer-...", skip_transformer.Config, skip_transformer.make_trainer)
+        action = agent(obs, first=True)  # obs starts an episode
+        action = agent(obs)              # ... and continues it
+
+    `agent(obs, key=None, first=False)` takes the observations of the wrapped
+    gymnax environment (one, or a batch `[N, *obs_shape]` of N environments),
+    adds each to its environment's window and returns the greedy actions on the
+    windows, as `load_agent`'s `act` (every seed, `[num_seeds, ...]`, or `seed`).
+    `first` (a bool, or one per environment) says that `obs` starts an episode:
+    its window is cleared first, as training clears it at an episode end. With
+    gymnax's automatic resets pass the `terminated | truncated` of the step that
+    gave `obs`. The windows (`agent.windows`, `[N, L, F + 1]`) are kept between
+    calls; a new agent, or `reset()`, starts them empty. They hold observations
+    only, so every seed reads the same ones: to run each seed in its own
+    environments, load one agent per seed (`seed=i`).
+    """
+
+    def __init__(self, act: Callable, env):
+        self._act, self._env, self.windows = act, env, None
+        self._observe = jax.jit(env.observe)
+        self._observe_batch = jax.jit(jax.vmap(env.observe))
+
+    def reset(self) -> None:
+        """Forgets every window (e.g. to act on another number of environments)."""
+        self.windows = None
+
+    def __call__(self, obs, key=None, first=False):
+        obs = jnp.asarray(obs)
+        batch = obs.shape[:obs.ndim - len(self._env.raw_obs_shape)]
+        if self.windows is None:
+            self.windows = jnp.zeros(batch + self._env.window_shape, jnp.float32)
+        _require(self.windows.shape[:-2] == batch, f"obs holds observations of {batch or 'one'} environment(s), "
+                                                   f"the agent's windows {self.windows.shape[:-2] or 'one'}; "
+                                                   f"call reset() first to act on another number")
+        first = jnp.broadcast_to(jnp.asarray(first, bool), batch)
+        self.windows = (self._observe_batch if batch else self._observe)(self.windows, obs, first)
+        return self._act(self.windows, key)
 
 
 # ----------------------------------------------------------------------------

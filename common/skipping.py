@@ -50,6 +50,12 @@ def warmup_factor(step, warmup_steps: int):
     return jnp.maximum(0.0, (warmup_steps - jnp.asarray(step, jnp.float32)) / warmup_steps)
 
 
+def steps_without_skipping(n_layers: int, warmup_steps: int) -> int:
+    """Steps at the start in which every layer runs, whatever skip_fraction: `step < warmup_steps /
+    n_layers` gives `low = warmup * n_layers > n_layers - 1`, so even the last layer runs."""
+    return -(-warmup_steps // n_layers)  # ceil
+
+
 def n_forward_layers(step, rng, n_layers: int, mode: Mode, skip_fraction: float, warmup_steps: int,
                      eval_depth=None):
     """Layers `i < n_forward` run. A Python int when it is known when tracing, else a scalar

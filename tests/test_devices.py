@@ -171,3 +171,23 @@ def test_epoch_on_two_devices_equals_the_one_device_program(name):
             else:
                 np.testing.assert_array_equal(x, y)
     assert not np.array_equal(two.obs[0], two.obs[1])  # the devices did explore differently
+
+
+@pytest.mark.parametrize("name", ["ppo_joint", "actor_critic", "skip_transformer"])
+def test_value_metrics_count_every_devices_batch(name):
+    """Two devices holding the same state run the same rollout twice: their batch together is the
+    one-device batch twice over, so ||R - V|| is sqrt(2) times the one-device norm while the mean and
+    the explained variance are the one-device figures (the mean of per-device norms was not)."""
+    module = importlib.import_module(f"algos.{name}")
+    trainer = module.make_trainer(module.Config(n_devices=1, num_seeds=2, **SMALL[name]))
+    one = devices.compile_init(trainer.init)(devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
+    two = jax.tree.map(lambda x: jnp.concatenate([x, x]), one)  # [2, seeds, ...]: device 1 a copy of device 0
+    quick = lambda fn, state: fn.lower(state).compile(run.FAST_COMPILE)(state)  # noqa: E731
+    _, on_one = quick(devices.compile_epoch(trainer.epoch, 1, donate=False), one)
+    _, on_two = quick(devices.compile_epoch(trainer.epoch, 2, donate=False), two)
+    close = lambda x, y, key: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=key)  # noqa: E731
+    for key, value in on_one.items():
+        for device in range(2):
+            want = np.sqrt(2) * value[0] if key == "value/advantage_norm" else value[0]
+            want = 2 * value[0] if key == "episode/count" else want
+            close(on_two[key][device], want, key)

@@ -376,6 +376,25 @@ def test_bad_flags_fail_before_compiling(tmp_path, args, message):
     assert "compiled in" not in out.stdout and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("total_steps, grad_steps", [(20_000, 304), (32_767, 496), (32_768, None), (200_000, None)])
+def test_main_warns_when_the_warmup_leaves_skip_fraction_no_effect(total_steps, grad_steps, monkeypatch, capsys):
+    """Defaults: no block is skipped in the first 1000 / 2 = 500 gradient steps (16 per epoch of 1,024
+    environment steps), so a run of fewer than 32 epochs is the same for every --skip-fraction."""
+    def train(config, *_):
+        raise SystemExit("stopped before training")
+
+    monkeypatch.setattr(run, "train", train)
+    with pytest.raises(SystemExit, match="stopped before training"):
+        st.main(["--total-steps", str(total_steps)])
+    err = capsys.readouterr().err
+    if grad_steps is None:
+        assert "warning" not in err
+    else:
+        assert (f"warning: --skip-fraction 0.4 changes nothing in this run: its {grad_steps} gradient steps all come "
+                f"before step 500 (--skip-warmup-steps / --n-layers), and until then the warmup runs every block; "
+                f"train for at least 32,768 environment steps, or lower --skip-warmup-steps") in err, err
+
+
 @pytest.mark.slow
 def test_cli_two_seeds_on_two_devices_writes_outputs_and_returns_by_depth(tmp_path):
     out_dir = tmp_path / "run"
@@ -414,3 +433,62 @@ def test_transformer_beats_a_memoryless_policy(tmp_path):
                            "skip_transformer")
     assert memoryless["eval_return"] <= 60, memoryless
     assert transformer["eval_return"] >= 300, transformer
+
+
+# ----------------------------------------------------------------------------
+# A saved agent: run.load_agent keeps each environment's window
+# ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A 2-seed run trained through main, as a user starts one."""
+    out_dir = tmp_path_factory.mktemp("saved") / "run"
+    st.main([*CLI_TINY, "--num-seeds", "2", "--n-devices", "1", "--eval-episodes", "2", "--out-dir", str(out_dir)])
+    return out_dir
+
+
+@pytest.mark.slow  # about 40 s on 2 loaded cores, most of it compiling the run
+def test_load_agent_keeps_each_environments_window_as_training_does(saved_run):
+    """The loaded agent, fed the wrapped CartPole's raw observations and the episode starts, holds the
+    windows that the training rollout's ContextWindow builds from the same episodes and acts as the
+    training code's policy on them: every seed at once, each seed alone, one environment or a batch."""
+    config = run.load_config(Config, saved_run)
+    trainer = make_trainer(config)
+    template = jax.eval_shape(devices.compile_init(trainer.init), run_keys(0))
+    state, _ = run.load_checkpoint(run.latest_checkpoint(saved_run / "checkpoints"), template)
+    params = trainer.params(devices.unreplicate(state))  # [seeds, ...]
+    env, env_params = trainer.env, trainer.env_params.replace(max_steps_in_episode=12)  # truncations too
+    n = 3
+    load = functools.partial(run.load_agent, saved_run, Config, make_trainer)
+    every_seed, each_seed, one_env = load(), [load(seed=s) for s in range(NUM_SEEDS)], load(seed=1)
+    never_cleared = load(seed=0)  # told of no episode start
+    policy = jax.jit(jax.vmap(jax.vmap(trainer.act, (None, 0, None)), (0, None, None)))  # [seeds, N]
+    reset, step = jax.jit(jax.vmap(env.reset, (0, None))), jax.jit(jax.vmap(env.step, (0, 0, 0, None)))
+    inner_reset, inner_step = jax.jit(jax.vmap(env.env.reset, (0, None))), jax.jit(jax.vmap(env.env.step,
+                                                                                            (0, 0, 0, None)))
+    key = jax.random.PRNGKey(5)
+    windows, window_state = reset(jax.random.split(key, n), env_params)  # the training rollout's windows
+    obs, inner_state = inner_reset(jax.random.split(key, n), env_params)  # the same episodes, raw
+    first, ends, actions, differ = np.ones(n, bool), [], [], 0
+    for t in range(40):
+        want = np.asarray(policy(params, windows, key))
+        np.testing.assert_array_equal(every_seed(obs, first=first), want)
+        np.testing.assert_array_equal(every_seed.windows, windows)
+        for s in range(NUM_SEEDS):
+            np.testing.assert_array_equal(each_seed[s](obs, first=first), want[s])
+        np.testing.assert_array_equal(one_env(obs[0], first=first[0]), want[1, 0])
+        np.testing.assert_array_equal(one_env.windows, windows[0])
+        never_cleared(obs)
+        differ += not np.array_equal(never_cleared.windows, windows)
+        actions.append(want[0])
+        step_keys = jax.random.split(jax.random.fold_in(key, t), n)
+        windows, window_state, _, terminated, truncated, _ = step(step_keys, window_state, want[0], env_params)
+        obs, inner_state, *_ = inner_step(step_keys, inner_state, want[0], env_params)
+        first = np.asarray(terminated | truncated)
+        ends += ["terminated"] * int(terminated.sum()) + ["truncated"] * int(truncated.sum())
+    assert "terminated" in ends and "truncated" in ends, ends
+    assert len(np.unique(actions)) == 2  # the actions did depend on the windows
+    assert differ > 0  # without the episode starts, the windows mix episodes
+    with pytest.raises(ValueError, match=r"call reset\(\) first"):
+        one_env(obs)  # a batch after one environment
+    one_env.reset()
+    chex.assert_shape(one_env(obs, first=True), (n,))

@@ -40,6 +40,14 @@ def test_start_of_warmup_skips_nothing(step):
     assert (n_forward >= (1 - step / 100) * N_LAYERS).all()
 
 
+@pytest.mark.parametrize("n_layers, warmup_steps, first_skip", [(4, 100, 25), (2, 1000, 500), (3, 10, 4)])
+def test_steps_without_skipping_end_where_the_last_layer_can_first_be_skipped(n_layers, warmup_steps, first_skip):
+    assert skipping.steps_without_skipping(n_layers, warmup_steps) == first_skip
+    for step in (0, first_skip - 1):  # every layer runs, even at the largest skip fraction
+        assert ran(draws(step, 2000, 0.99, warmup_steps, n_layers), n_layers).all()
+    assert not ran(draws(first_skip + 1, 2000, 0.99, warmup_steps, n_layers), n_layers).all()
+
+
 @pytest.mark.parametrize("skip_fraction", [0.25, 0.5, 0.9])
 def test_after_warmup_layer_i_runs_with_probability_of_the_formula(skip_fraction):
     n = 8000
