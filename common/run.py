@@ -22,12 +22,15 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import contextlib
 import dataclasses
+import fcntl
 import inspect
 import itertools
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -74,6 +77,8 @@ class RunConfig:
     """run directory; empty: runs/SCRIPT-ENV-seedSEED-TIME"""
     resume: str = ""
     """run directory to continue from its last checkpoint, with its config.json; empty: a new run"""
+    overwrite: bool = False
+    """start a new run in an --out-dir that holds one, deleting its checkpoints, metrics and summary"""
     eval_only: bool = False
     """with --resume: only evaluate the saved agent"""
     track: bool = False
@@ -102,6 +107,8 @@ class RunConfig:
         _require(self.eval_episodes >= 1, f"--eval-episodes {self.eval_episodes}: use 1 or more")
         _require(self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more")
         _require(not self.eval_only or self.resume, "--eval-only needs --resume DIR (the run to evaluate)")
+        _require(not (self.overwrite and self.resume), "--overwrite starts a new run; --resume continues one: "
+                                                       "give one of them")
         for member in sweep_members(self) if self.sweep else ():  # every member's flags must be valid
             dataclasses.replace(self, sweep=(), **member)
 
@@ -136,7 +143,7 @@ def eval_keys(key, config):
 
 # Flags that steer this invocation rather than define the run: on --resume they
 # come from the command line, everything else from the run's config.json.
-RUN_CONTROL = ("resume", "eval_only", "track", "no_compile_cache", "eval_episodes", "n_devices",
+RUN_CONTROL = ("resume", "overwrite", "eval_only", "track", "no_compile_cache", "eval_episodes", "n_devices",
                "coordinator", "num_processes", "process_id", "coordinator_timeout")
 
 
@@ -268,6 +275,53 @@ class Trainer(NamedTuple):
     steps_per_epoch: int  # environment steps of one seed in one epoch, all devices
     num_epochs: int
     loss_key: str  # metric that must stay finite
+
+
+# ----------------------------------------------------------------------------
+# The run directory
+# ----------------------------------------------------------------------------
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints")  # what holds a run
+
+
+def open_run_dir(run_dir: Path, config):
+    """Creates the run directory (or opens it, on --resume) and locks it; returns the open lock file.
+
+    The lock (`flock` on `run.lock`, which names the holder's pid) lasts until
+    the file is closed or the process ends, however it ends: a second run in the
+    directory is refused while the first lives, and a dead one's lock file
+    blocks nothing. A new run refuses a directory that holds a run, unless
+    `--overwrite`, which deletes that run's files.
+    """
+    flag = f"--resume {run_dir}" if config.resume else f"--out-dir {run_dir}"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{flag} is a file, not a directory; give a directory for the run")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(run_dir / "run.lock", "a+")
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot write there ({error.strerror}); give a directory you can write") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise ValueError(f"{flag}: another run (pid {holder}) is using this directory; wait for it to end "
+                         f"or give another --out-dir") from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    held = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if not config.resume and held and not config.overwrite:
+        lock.close()
+        raise ValueError(f"{flag} already holds a run ({', '.join(held)}); continue it with --resume {run_dir}, "
+                         f"give another --out-dir, or add --overwrite to delete it and start again")
+    for path in [] if config.resume else [run_dir / name for name in held]:  # --overwrite
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return lock
 
 
 # ----------------------------------------------------------------------------
@@ -546,6 +600,11 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     `max_epochs` stops early after that many epochs of this call (as Ctrl-C
     would), leaving a checkpoint to --resume from.
     """
+    with contextlib.ExitStack() as held:  # the run directory's lock, released however the run ends
+        return _train(config, make_trainer, script, max_epochs, held)
+
+
+def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, held: contextlib.ExitStack) -> dict:
     wall_start = time.time()
     devices.init_distributed(config.coordinator, config.num_processes, config.process_id, config.coordinator_timeout)
     if not config.no_compile_cache:
@@ -573,6 +632,8 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
                          f"outside the compiled math (e.g. to choose a branch), so it cannot be swept in one program; "
                          f"run one process per value (e.g. a wandb sweep, sweeps/). ({type(error).__name__})") from None
     template = init_lowered.out_info
+    if is_chief and not config.eval_only:
+        held.enter_context(open_run_dir(run_dir, config))
     start_epoch, state = 0, None
     if config.resume:
         ckpt = latest_checkpoint(run_dir / "checkpoints")
@@ -586,7 +647,6 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         state = devices.this_host(state)
         print(f"resumed {run_dir} at epoch {start_epoch}", flush=True)
     elif is_chief:
-        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
 
     # Init and evaluation run rarely: they compile unoptimised, on a second

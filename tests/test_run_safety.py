@@ -1,0 +1,94 @@
+"""Run safety (issue 12): the cases where a user lost work, each reproduced as the user meets it.
+
+CLI cases run `python algos/ppo_joint.py ...` in a subprocess, from another
+directory, sharing one compilation cache (the same tiny program compiles once).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--num-envs", "4", "--num-steps", "32", "--total-steps", "1280", "--eval-every", "0",
+        "--eval-episodes", "4"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def env(cache):
+    clean = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
+    return {**clean, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu", "XDG_CACHE_HOME": str(cache)}
+
+
+def cli(cache, *args, script="ppo_joint", cwd=None):
+    return subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), *map(str, args)],
+                          cwd=cwd or cache, env=env(cache), capture_output=True, text=True, timeout=300)
+
+
+def start(cache, *args):
+    return subprocess.Popen([sys.executable, str(ROOT / "algos" / "ppo_joint.py"), *map(str, args)], cwd=cache,
+                            env=env(cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path: Path, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (path.exists() and path.stat().st_size > 0):
+        time.sleep(0.1)
+    assert path.exists(), path
+
+
+def refused(out, *phrases):
+    """Exited non-zero with one message line holding `phrases`, before compiling, no traceback."""
+    assert out.returncode not in (0, None), out.stdout
+    assert "Traceback" not in out.stderr, out.stderr
+    for phrase in phrases:
+        assert phrase in out.stderr, out.stderr
+    assert "compiled in" not in out.stdout
+
+
+def lines(run_dir: Path) -> list:
+    return (run_dir / "metrics.jsonl").read_text().splitlines()
+
+
+# 1. A new run into an existing run directory
+def test_a_new_run_refuses_a_directory_holding_a_run(cache, tmp_path):
+    run_dir = tmp_path / "run"
+    assert cli(cache, *TINY, "--out-dir", run_dir).returncode == 0
+    before = {name: (run_dir / name).read_bytes() for name in ("config.json", "metrics.jsonl", "summary.json")}
+    ckpts = sorted((run_dir / "checkpoints").iterdir())
+    out = cli(cache, *TINY, "--seed", "7", "--out-dir", run_dir)
+    refused(out, f"--out-dir {run_dir} already holds a run", "--resume", "--overwrite")
+    assert {name: (run_dir / name).read_bytes() for name in before} == before  # nothing of it touched
+    assert sorted((run_dir / "checkpoints").iterdir()) == ckpts
+    # --overwrite replaces it: the old checkpoints go, so --resume cannot continue the old state
+    (run_dir / "checkpoints" / "epoch_000099.npz").write_bytes(b"the old run's")
+    out = cli(cache, *TINY, "--seed", "7", "--overwrite", "--out-dir", run_dir)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((run_dir / "config.json").read_text())["seed"] == 7 and len(lines(run_dir)) == 10
+    assert not (run_dir / "checkpoints" / "epoch_000099.npz").exists()
+
+
+# 2. Two runs in one directory
+def test_a_second_run_in_a_live_run_directory_is_refused(cache, tmp_path):
+    run_dir = tmp_path / "run"
+    first = start(cache, *TINY, "--total-steps", "4000000", "--checkpoint-every", "1", "--out-dir", run_dir)
+    try:
+        wait_for(run_dir / "metrics.jsonl")
+        for args in ([*TINY, "--overwrite", "--out-dir", run_dir], ["--resume", run_dir]):
+            refused(cli(cache, *args), f"another run (pid {first.pid}) is using this directory")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=60)
+    # the dead run's lock file stays behind and blocks nothing
+    assert (run_dir / "run.lock").read_text().strip() == str(first.pid)
+    out = cli(cache, *TINY, "--overwrite", "--out-dir", run_dir)
+    assert out.returncode == 0, out.stderr
+    assert len(lines(run_dir)) == 10  # one run's lines only
