@@ -352,6 +352,17 @@ def save_checkpoint(directory: Path, state, epoch: int) -> Path:
     return path
 
 
+def non_finite(state) -> list[str]:
+    """The paths of the state's floating-point leaves holding a NaN or an infinity."""
+    return [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(state)
+            if np.issubdtype(np.asarray(x).dtype, np.inexact) and not np.isfinite(x).all()]
+
+
+def divergence_advice(saved: Path | None, run_dir: Path) -> str:
+    return (f"Last good checkpoint: {saved or 'none'}. Try a lower learning rate or a "
+            f"--max-grad-norm, then --resume {run_dir} or start again.")
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
     found = sorted(directory.glob("epoch_*.npz"))
     return found[-1] if found else None
@@ -690,8 +701,13 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
           flush=True)
     ckpt_dir, epoch = run_dir / "checkpoints", start_epoch
 
-    def checkpoint():  # every host takes part in the gather; the chief writes
-        whole = devices.gather(state)
+    def checkpoint():  # every host takes part in the gather; the chief writes a finite state only
+        whole = jax.device_get(devices.gather(state))
+        bad = non_finite(whole)
+        if bad:
+            raise SystemExit(f"the state at epoch {epoch} is not finite ({len(bad)} leaves, e.g. {bad[0]}): "
+                             f"training diverged; it was not saved. "
+                             f"{divergence_advice(latest_checkpoint(ckpt_dir), run_dir)}")
         if is_chief:
             save_checkpoint(ckpt_dir, whole, epoch)
 
@@ -711,11 +727,8 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
             for j, record in enumerate(records):
                 epoch += 1
                 if not math.isfinite(record[trainer.loss_key]):
-                    saved = latest_checkpoint(ckpt_dir)
-                    raise SystemExit(
-                        f"{trainer.loss_key} is {record[trainer.loss_key]} at epoch {epoch}: training diverged. "
-                        f"Last good checkpoint: {saved or 'none'}. Try a lower learning rate or a "
-                        f"--max-grad-norm, then --resume {run_dir} or start again.")
+                    raise SystemExit(f"{trainer.loss_key} is {record[trainer.loss_key]} at epoch {epoch}: "
+                                     f"training diverged. {divergence_advice(latest_checkpoint(ckpt_dir), run_dir)}")
                 steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * runs
                 record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
                           "sps": steps_done / (time_before + chunk_time * (j + 1) / n), **record}

@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,3 +95,39 @@ def test_a_second_run_in_a_live_run_directory_is_refused(cache, tmp_path):
     out = cli(cache, *TINY, "--overwrite", "--out-dir", run_dir)
     assert out.returncode == 0, out.stderr
     assert len(lines(run_dir)) == 10  # one run's lines only
+
+
+# 3. A non-finite state is never saved, and a run that ends in one does not exit 0
+RUN = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, total_steps=4 * 16 * 3, eval_every=0,
+           eval_episodes=2, checkpoint_every=1, no_compile_cache=True, n_devices=1)
+
+
+def nan_params_after_epoch(config, epoch_number):
+    """ppo_joint whose epoch `epoch_number` ends with NaN parameters (its loss, computed before, is finite)."""
+    from algos import ppo_joint
+
+    trainer = ppo_joint.make_trainer(config)
+
+    def epoch(state):
+        state, metrics = trainer.epoch(state)
+        poison = jnp.where(state.opt_state[1][0].count >= epoch_number, jnp.nan, 1.0)  # Adam's step count
+        return state._replace(params=jax.tree.map(lambda p: p * poison, state.params)), metrics
+
+    return trainer._replace(epoch=epoch)
+
+
+def test_a_non_finite_state_is_not_saved_and_the_run_fails(tmp_path):
+    from algos import ppo_joint
+    from common import run
+
+    config = ppo_joint.Config(**RUN, out_dir=str(tmp_path / "run"))
+    with pytest.raises(SystemExit) as info:  # the last epoch ends with NaN parameters, its loss finite
+        run.train(config, lambda c: nan_params_after_epoch(c, 6))  # 2 Adam steps an epoch: epoch 3
+    message = str(info.value.code)
+    assert "state at epoch 3 is not finite" in message and "params" in message and "not saved" in message
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert run.latest_checkpoint(ckpts).name == "epoch_000002.npz"
+    for path in ckpts.glob("epoch_*.npz"):  # what is kept is finite
+        with np.load(path) as data:
+            assert all(np.isfinite(data[k]).all() for k in data.files if data[k].dtype.kind == "f"), path
+    assert not (tmp_path / "run" / "summary.json").exists()
