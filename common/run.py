@@ -11,7 +11,9 @@ What a run writes in `--out-dir DIR`:
   `--eval-episodes`, and per seed), `env_steps`, `wall_time_s`,
   `compile_time_s`, `sps` (env steps per second after compilation, all seeds).
 - `checkpoints/epoch_NNNNNN.npz`: the whole runner state (params, optimiser,
-  environments, keys), written to a temporary file and renamed, no pickle.
+  environments, keys), written to a temporary file and renamed, no pickle;
+  the newest `--keep-checkpoints`, each of them finite.
+- `run.lock`: held by the live run (`open_run_dir`).
 
 On several hosts (`--coordinator`, see `devices.init_distributed`) every host
 runs the same programs in the same order; only the chief (process 0) writes,
@@ -73,6 +75,8 @@ class RunConfig:
     """episodes per greedy evaluation"""
     checkpoint_every: int = 50
     """save a checkpoint every this many epochs (and at the end, and on Ctrl-C)"""
+    keep_checkpoints: int = 3
+    """checkpoints kept, the newest (--resume falls back to an older one when the newest is unreadable)"""
     out_dir: str = ""
     """run directory; empty: runs/SCRIPT-ENV-seedSEED-TIME"""
     resume: str = ""
@@ -106,6 +110,8 @@ class RunConfig:
         _require(self.eval_every >= 0, f"--eval-every {self.eval_every}: use 0 or more")
         _require(self.eval_episodes >= 1, f"--eval-episodes {self.eval_episodes}: use 1 or more")
         _require(self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more")
+        _require(self.keep_checkpoints >= 1, f"--keep-checkpoints {self.keep_checkpoints}: use 1 or more "
+                                             f"(2 or more leave one to resume from if the newest is damaged)")
         _require(not self.eval_only or self.resume, "--eval-only needs --resume DIR (the run to evaluate)")
         _require(not (self.overwrite and self.resume), "--overwrite starts a new run; --resume continues one: "
                                                        "give one of them")
@@ -143,7 +149,8 @@ def eval_keys(key, config):
 
 # Flags that steer this invocation rather than define the run: on --resume they
 # come from the command line, everything else from the run's config.json.
-RUN_CONTROL = ("resume", "overwrite", "eval_only", "track", "no_compile_cache", "eval_episodes", "n_devices",
+RUN_CONTROL = ("resume", "overwrite", "eval_only", "track", "no_compile_cache", "eval_episodes", "keep_checkpoints",
+               "n_devices",
                "coordinator", "num_processes", "process_id", "coordinator_timeout")
 
 
@@ -327,8 +334,8 @@ def open_run_dir(run_dir: Path, config):
 # ----------------------------------------------------------------------------
 # Checkpoints
 # ----------------------------------------------------------------------------
-def save_checkpoint(directory: Path, state, epoch: int) -> Path:
-    """Writes the whole state atomically (temporary file, then rename); keeps the newest."""
+def save_checkpoint(directory: Path, state, epoch: int, keep: int = RunConfig.keep_checkpoints) -> Path:
+    """Writes the whole state atomically (temporary file, then rename); keeps the newest `keep`."""
     directory.mkdir(parents=True, exist_ok=True)
     leaves, treedef = jax.tree.flatten(jax.device_get(state))
     meta = {"epoch": epoch, "treedef": str(treedef),
@@ -346,9 +353,8 @@ def save_checkpoint(directory: Path, state, epoch: int) -> Path:
     except BaseException:  # the last good checkpoint stays; no half-written file is left
         tmp.unlink(missing_ok=True)
         raise
-    for old in directory.glob("epoch_*.npz"):
-        if old != path:
-            old.unlink()
+    for old in sorted(directory.glob("epoch_*.npz"))[:-keep]:
+        old.unlink()
     return path
 
 
@@ -368,6 +374,10 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file that cannot be read: cut short, overwritten, not a checkpoint."""
+
+
 def load_checkpoint(path: Path, template):
     """`(state, epoch)` from `path`, checked leaf by leaf against `template` (shapes/dtypes)."""
     fix = "resume with the run's own flags (they are read from its config.json) or start a new --out-dir"
@@ -376,8 +386,8 @@ def load_checkpoint(path: Path, template):
             meta = json.loads(bytes(data["meta"]).decode())
             leaves = [data[f"leaf_{i:05d}"] for i in range(len(meta["leaves"]))]
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as error:
-        raise ValueError(f"checkpoint {path} is unreadable or corrupt ({error}); "
-                         f"delete it to fall back to none, or start a new --out-dir") from None
+        raise CorruptCheckpoint(f"checkpoint {path} is unreadable or corrupt ({error}); delete it to fall back "
+                                f"to an older one, or start a new --out-dir") from None
     want, treedef = jax.tree.flatten(template)
     if len(want) != len(leaves) or str(treedef) != meta["treedef"]:
         raise ValueError(f"checkpoint {path} holds a different state structure than this script builds; {fix}")
@@ -386,6 +396,19 @@ def load_checkpoint(path: Path, template):
             raise ValueError(f"checkpoint {path}: leaf {i} is {got.shape} {got.dtype}, this run expects "
                              f"{tuple(w.shape)} {np.dtype(w.dtype)}; {fix}")
     return jax.tree.unflatten(treedef, leaves), int(meta["epoch"])
+
+
+def load_newest_checkpoint(directory: Path, template):
+    """`(state, epoch)` from the newest readable checkpoint in `directory`, saying which ones it skips."""
+    found = sorted(directory.glob("epoch_*.npz"), reverse=True)
+    if not found:
+        raise ValueError(f"no checkpoint in {directory}")
+    for path in found:
+        try:
+            return load_checkpoint(path, template)
+        except CorruptCheckpoint as error:
+            print(f"warning: {error}", file=sys.stderr, flush=True)
+    raise ValueError(f"every checkpoint in {directory} is unreadable or corrupt; start a new --out-dir")
 
 
 def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = None) -> Callable:
@@ -647,14 +670,11 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
         held.enter_context(open_run_dir(run_dir, config))
     start_epoch, state = 0, None
     if config.resume:
-        ckpt = latest_checkpoint(run_dir / "checkpoints")
-        if ckpt is None:
-            raise SystemExit(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
         whole = jax.tree.map(lambda s: jax.ShapeDtypeStruct((hosts * s.shape[0],) + s.shape[1:], s.dtype), template)
         try:
-            state, start_epoch = load_checkpoint(ckpt, whole)
+            state, start_epoch = load_newest_checkpoint(run_dir / "checkpoints", whole)
         except ValueError as error:
-            raise SystemExit(str(error)) from None
+            raise SystemExit(f"--resume {run_dir}: {error}") from None
         state = devices.this_host(state)
         print(f"resumed {run_dir} at epoch {start_epoch}", flush=True)
     elif is_chief:
@@ -709,7 +729,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
                              f"training diverged; it was not saved. "
                              f"{divergence_advice(latest_checkpoint(ckpt_dir), run_dir)}")
         if is_chief:
-            save_checkpoint(ckpt_dir, whole, epoch)
+            save_checkpoint(ckpt_dir, whole, epoch, config.keep_checkpoints)
 
     last_epoch = trainer.num_epochs if max_epochs is None else min(trainer.num_epochs, start_epoch + max_epochs)
     train_time, returns, record = 0.0, None, {}

@@ -131,3 +131,19 @@ def test_a_non_finite_state_is_not_saved_and_the_run_fails(tmp_path):
         with np.load(path) as data:
             assert all(np.isfinite(data[k]).all() for k in data.files if data[k].dtype.kind == "f"), path
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+# 4. Several checkpoints: a corrupt newest one leaves an older one to resume from
+def test_resume_falls_back_to_the_newest_readable_checkpoint(cache, tmp_path):
+    run_dir = tmp_path / "run"
+    assert cli(cache, *TINY, "--checkpoint-every", "2", "--out-dir", run_dir).returncode == 0
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == [f"epoch_{e:06d}.npz" for e in (6, 8, 10)]  # default 3
+    uninterrupted = (ckpts / "epoch_000010.npz").read_bytes()
+    (ckpts / "epoch_000010.npz").write_bytes(uninterrupted[:1000])  # cut short
+    out = cli(cache, "--resume", run_dir)
+    assert out.returncode == 0, out.stderr
+    assert f"checkpoint {ckpts / 'epoch_000010.npz'} is unreadable or corrupt" in out.stderr
+    assert f"resumed {run_dir} at epoch 8" in out.stdout
+    assert (ckpts / "epoch_000010.npz").read_bytes() == uninterrupted  # epochs 9 and 10 again, the same
+    assert [json.loads(line)["epoch"] for line in lines(run_dir)] == list(range(1, 11))
