@@ -453,16 +453,58 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
 # ----------------------------------------------------------------------------
 # Logging
 # ----------------------------------------------------------------------------
+def write_atomic(path: Path, text: str) -> None:
+    """`path` holds the old text or the new one, never a part (temporary file, then rename)."""
+    tmp = path.with_name(f".tmp_{path.name}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def trim_metrics(path: Path, epoch: int) -> None:
+    """On --resume: `metrics.jsonl` keeps the epochs up to the checkpoint's, saying what it drops.
+
+    A last line that is no record is a write cut short (a full disk, a power cut): it goes too.
+    """
+    if not path.exists():
+        return
+    text = path.read_text(errors="replace")
+    lines, kept, torn = text.splitlines(), [], False
+    for i, line in enumerate(lines):
+        try:
+            if json.loads(line)["epoch"] <= epoch:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}, line {i + 1}, is not a metrics record ({line[:40]!r}); "
+                                 f"repair or delete that line, then --resume again") from None
+            torn = True
+    if torn:
+        print(f"{path}: dropped its last line, cut short ({lines[-1][:40]!r})", file=sys.stderr)
+    if len(lines) - torn > len(kept):
+        print(f"{path}: dropped {len(lines) - torn - len(kept)} line(s) past the checkpoint's epoch {epoch}",
+              file=sys.stderr)
+    if len(kept) < len(lines) or not text.endswith("\n"):
+        write_atomic(path, "".join(line + "\n" for line in kept))
+
+
+def disk_error(path: Path, error: OSError, run_dir: Path) -> SystemExit:
+    """A failed write (a full disk): one line, and what is left to resume from."""
+    last = latest_checkpoint(run_dir / "checkpoints")
+    left = (f"the last checkpoint, {last}, is intact: make room, then --resume {run_dir}" if last else
+            "no checkpoint was written yet: make room and start again")
+    return SystemExit(f"error: cannot write {path} ({error.strerror or error}); {left}")
+
+
 class Logger:
     """Metrics to the console (throttled), `metrics.jsonl` and, with --track, wandb."""
 
-    def __init__(self, config, run_dir: Path, is_chief: bool, start_epoch: int):
-        self.is_chief, self.wandb = is_chief, None
+    def __init__(self, config, run_dir: Path, is_chief: bool):
+        self.is_chief, self.wandb, self.run_dir = is_chief, None, run_dir
         self.last_print, self.last_return = 0.0, float("nan")
         self.path = run_dir / "metrics.jsonl"
-        if is_chief and self.path.exists():  # resuming: drop epochs after the checkpoint
-            kept = [l for l in self.path.read_text().splitlines() if json.loads(l)["epoch"] <= start_epoch]
-            self.path.write_text("".join(l + "\n" for l in kept))
         if is_chief and config.track:
             self._start_wandb(config, run_dir)
 
@@ -482,8 +524,11 @@ class Logger:
             return
         finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
         clean = {k: [finite(x) for x in v] if isinstance(v, list) else finite(v) for k, v in record.items()}
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(clean) + "\n")
+        try:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(clean) + "\n")
+        except OSError as error:
+            raise disk_error(self.path, error, self.run_dir) from None
         if self.wandb is not None:
             try:
                 self.wandb.log({k: v for k, v in record.items() if not isinstance(v, list)}, step=record["env_steps"])
@@ -676,9 +721,11 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
         except ValueError as error:
             raise SystemExit(f"--resume {run_dir}: {error}") from None
         state = devices.this_host(state)
+        if is_chief and not config.eval_only:
+            trim_metrics(run_dir / "metrics.jsonl", start_epoch)
         print(f"resumed {run_dir} at epoch {start_epoch}", flush=True)
     elif is_chief:
-        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+        write_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(config), indent=2) + "\n")
 
     # Init and evaluation run rarely: they compile unoptimised, on a second
     # thread, while this one compiles the epochs.
@@ -712,7 +759,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
         returns = evaluate_now(start_epoch)
         return {"eval_return": float(returns.mean()), "eval_return_per_seed": returns.tolist()}
 
-    logger = Logger(config, run_dir, is_chief, start_epoch)
+    logger = Logger(config, run_dir, is_chief)
     where = f"{n_devices * hosts} {jax.default_backend()} device(s)" + (f" of {hosts} processes" if hosts > 1 else "")
     print(f"training {script} on {config.env}: {trainer.num_epochs} epochs of "
           f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
@@ -729,7 +776,10 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
                              f"training diverged; it was not saved. "
                              f"{divergence_advice(latest_checkpoint(ckpt_dir), run_dir)}")
         if is_chief:
-            save_checkpoint(ckpt_dir, whole, epoch, config.keep_checkpoints)
+            try:
+                save_checkpoint(ckpt_dir, whole, epoch, config.keep_checkpoints)
+            except OSError as error:
+                raise disk_error(ckpt_dir / f"epoch_{epoch:06d}.npz", error, run_dir) from None
 
     last_epoch = trainer.num_epochs if max_epochs is None else min(trainer.num_epochs, start_epoch + max_epochs)
     train_time, returns, record = 0.0, None, {}
@@ -785,7 +835,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
         summary["sweep"] = [{**values, "eval_return": float(np.mean(r)), "eval_return_per_seed": r.tolist()}
                             for values, r in zip(sweep_members(config), returns.reshape(-1, config.num_seeds))]
     if is_chief:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         logger.close(summary)
     return summary
 

@@ -3,6 +3,7 @@
 CLI cases run `python algos/ppo_joint.py ...` in a subprocess, from another
 directory, sharing one compilation cache (the same tiny program compiles once).
 """
+import dataclasses
 import json
 import os
 import signal
@@ -147,3 +148,48 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(cache, tmp_path):
     assert f"resumed {run_dir} at epoch 8" in out.stdout
     assert (ckpts / "epoch_000010.npz").read_bytes() == uninterrupted  # epochs 9 and 10 again, the same
     assert [json.loads(line)["epoch"] for line in lines(run_dir)] == list(range(1, 11))
+
+
+# 5. A write cut short: a torn metrics line, a full disk
+def test_a_full_disk_stops_with_one_line_and_resume_drops_the_torn_line(tmp_path, monkeypatch, jax_compile_cache,
+                                                                        capsys):
+    import builtins
+    import errno
+
+    from algos import ppo_joint
+    from common import run
+
+    run_dir = tmp_path / "run"
+    config = ppo_joint.Config(**RUN, out_dir=str(run_dir))
+    resume = dataclasses.replace(config, resume=str(run_dir))
+    run.train(config, ppo_joint.make_trainer, max_epochs=1)
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def torn_write(path, mode="r", *args, **kwargs):  # the disk fills up half-way through a metrics line
+        fh = builtins.open(path, mode, *args, **kwargs)
+        if Path(path).name == "metrics.jsonl" and mode == "a":
+            fh.write('{"epoch": 2, "env_st')
+            fh.close()
+            raise full
+        return fh
+
+    monkeypatch.setattr(run, "open", torn_write, raising=False)
+    with pytest.raises(SystemExit) as info:
+        run.train(resume, ppo_joint.make_trainer)
+    monkeypatch.undo()
+    intact = f"the last checkpoint, {run_dir / 'checkpoints' / 'epoch_000001.npz'}, is intact"
+    assert str(info.value.code) == (f"error: cannot write {run_dir / 'metrics.jsonl'} (No space left on device); "
+                                    f"{intact}: make room, then --resume {run_dir}")
+
+    def no_space(fd):
+        raise full
+
+    monkeypatch.setattr(run.os, "fsync", no_space)  # the disk is full when the checkpoint of epoch 2 is written
+    with pytest.raises(SystemExit, match=f"cannot write .*epoch_000002.npz \\(No space left on device\\); {intact}"):
+        run.train(resume, ppo_joint.make_trainer)
+    monkeypatch.undo()
+    assert "dropped its last line, cut short" in capsys.readouterr().err
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["epoch_000001.npz"]
+    run.train(resume, ppo_joint.make_trainer)
+    assert "dropped 1 line(s) past the checkpoint's epoch 1" in capsys.readouterr().err
+    assert [json.loads(line)["epoch"] for line in lines(run_dir)] == [1, 2, 3]
