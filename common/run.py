@@ -119,9 +119,14 @@ class RunConfig:
             dataclasses.replace(self, sweep=(), **member)
 
 
+def float_flags(cls) -> list[str]:
+    """The float flags of a config class: what `--sweep` varies and `--resume` may change."""
+    return sorted(k for k, v in typing.get_type_hints(cls).items() if v is float)
+
+
 def sweep_members(config) -> list[dict]:
     """The grid of `--sweep`: one `{flag: value}` per member, in order (`[{}]` without a sweep)."""
-    floats = sorted(k for k, v in typing.get_type_hints(type(config)).items() if v is float)
+    floats = float_flags(type(config))
     axes: dict[str, list[float]] = {}
     for item in config.sweep:
         name, _, text = item.partition("=")
@@ -148,7 +153,8 @@ def eval_keys(key, config):
 
 
 # Flags that steer this invocation rather than define the run: on --resume they
-# come from the command line, everything else from the run's config.json.
+# come from the command line, everything else from the run's config.json (but
+# for the float flags given, see `parse_config`).
 RUN_CONTROL = ("resume", "overwrite", "eval_only", "track", "no_compile_cache", "eval_episodes", "keep_checkpoints",
                "n_devices",
                "coordinator", "num_processes", "process_id", "coordinator_timeout")
@@ -199,27 +205,38 @@ def _list_of(item: type) -> Callable:
     return parse
 
 
-class _Concatenate(argparse.Action):
+class _Once(argparse.Action):
+    """Stores a flag's value; a flag given twice is an error (which of the two was meant?)."""
+
     def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, tuple(x for value in values for x in value))
+        if self.dest in parser.given:
+            parser.error(f"{option_string} is given twice (also as {parser.given[self.dest]}); give it once")
+        parser.given[self.dest] = option_string
+        setattr(namespace, self.dest, values)
+
+
+class _Concatenate(_Once):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, tuple(x for value in values for x in value), option_string)
 
 
 def build_parser(cls, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+    parser.given = {}  # field -> the flag that set it, as parsed
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
         if kind is bool:  # `--flag` or `--flag=True/False` (as a wandb agent passes it)
-            spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL")
+            spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL", action=_Once)
         elif typing.get_origin(kind) is typing.Literal:
-            spec = dict(choices=typing.get_args(kind))
+            spec = dict(choices=typing.get_args(kind), action=_Once)
         elif typing.get_origin(kind) is tuple:  # `--hidden 64 64` or `--hidden=[64, 64]` (a wandb agent)
             item = typing.get_args(kind)[0]
             spec = dict(type=_list_of(item), nargs="+", action=_Concatenate, metavar=item.__name__.upper())
         else:
-            spec = dict(type=kind, metavar=kind.__name__.upper())
+            spec = dict(type=kind, metavar=kind.__name__.upper(), action=_Once)
         parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default,
                             help=docs.get(f.name, f.name), **spec)
         if "_" in f.name:  # snake_case alias, hidden from --help
@@ -228,24 +245,35 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
 
 
 def parse_config(cls, argv=None, description: str = ""):
-    """Config from the command line; a bad value exits with its message, before any compile."""
+    """Config from the command line; a bad value exits with its message, before any compile.
+
+    With `--resume DIR`: the flags of DIR's config.json, the run-control flags of
+    this command line (`RUN_CONTROL`), and the float flags it gives (learning
+    rates, coefficients: they change no shape of the state; `train` records the
+    change). Any other flag given with a value other than the run's is refused.
+    """
     parser = build_parser(cls, description)
     args = vars(parser.parse_args(argv))
     try:
         if args["resume"]:
             saved = load_config(cls, Path(args["resume"]))
-            for f in dataclasses.fields(cls):
-                given = tuple(args[f.name]) if isinstance(args[f.name], list) else args[f.name]
-                if f.name not in RUN_CONTROL and given != f.default and given != getattr(saved, f.name):
-                    print(f"warning: --resume ignores --{f.name.replace('_', '-')} {given}; the run's "
-                          f"config.json sets it to {getattr(saved, f.name)}", file=sys.stderr)
-            config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL},
+            changed = {k: args[k] for k in parser.given if k not in RUN_CONTROL and args[k] != getattr(saved, k)}
+            fixed = [k for k in changed if k not in float_flags(cls)]
+            _require(not fixed, f"--resume {args['resume']} continues that run with the flags of its config.json; "
+                                f"it cannot change {', '.join(flag_name(k) for k in fixed)}: start a new run for "
+                                f"that. --resume takes the float flags ({', '.join(map(flag_name, float_flags(cls))) or 'none'}) "
+                                f"and {', '.join(flag_name(k) for k in RUN_CONTROL)}")
+            config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL}, **changed,
                                          out_dir=args["resume"])
         else:
-            config = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
+            config = cls(**args)
     except ValueError as error:
         parser.error(str(error))
     return config
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
 
 
 def load_config(cls, run_dir: Path):
@@ -287,7 +315,7 @@ class Trainer(NamedTuple):
 # ----------------------------------------------------------------------------
 # The run directory
 # ----------------------------------------------------------------------------
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints")  # what holds a run
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "changes.jsonl", "checkpoints")  # a run's own
 
 
 def open_run_dir(run_dir: Path, config):
@@ -364,9 +392,31 @@ def non_finite(state) -> list[str]:
             if np.issubdtype(np.asarray(x).dtype, np.inexact) and not np.isfinite(x).all()]
 
 
-def divergence_advice(saved: Path | None, run_dir: Path) -> str:
-    return (f"Last good checkpoint: {saved or 'none'}. Try a lower learning rate or a "
-            f"--max-grad-norm, then --resume {run_dir} or start again.")
+def divergence_advice(config, saved: Path | None, run_dir: Path) -> str:
+    """What to do after a divergence: --resume with a lower learning rate, or without a checkpoint a new run."""
+    lower = " ".join(f"{flag_name(k)} {getattr(config, k) / 10:.3g}" for k in float_flags(type(config))
+                     if "lr" in k.split("_"))
+    if saved is None:
+        return f"No checkpoint was saved: start a new run with a lower learning rate ({lower}) or a --max-grad-norm."
+    return (f"Last good checkpoint: {saved}. Continue from it with a lower learning rate: --resume {run_dir} {lower} "
+            f"(--resume takes the float flags: {', '.join(map(flag_name, float_flags(type(config))))}, and records "
+            f"the change in {run_dir / 'changes.jsonl'}); or start a new run.")
+
+
+def record_changes(run_dir: Path, config, epoch: int) -> None:
+    """--resume with other float flags: config.json takes them (a later --resume keeps them), and
+    `changes.jsonl` gets a line `{"epoch": from, flag: [old, new], ...}`."""
+    path = run_dir / "config.json"
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    changed = {k: [saved[k], getattr(config, k)] for k in float_flags(type(config))
+               if k in saved and saved[k] != getattr(config, k)}
+    if not changed:
+        return
+    with open(run_dir / "changes.jsonl", "a") as fh:
+        fh.write(json.dumps({"epoch": epoch, **changed}) + "\n")
+    write_atomic(path, json.dumps({**saved, **{k: new for k, (_, new) in changed.items()}}, indent=2) + "\n")
+    print(f"--resume changes {', '.join(f'{flag_name(k)} {old} -> {new}' for k, (old, new) in changed.items())} "
+          f"from epoch {epoch} (recorded in {run_dir / 'changes.jsonl'})", flush=True)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -723,6 +773,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
         state = devices.this_host(state)
         if is_chief and not config.eval_only:
             trim_metrics(run_dir / "metrics.jsonl", start_epoch)
+            record_changes(run_dir, config, start_epoch)
         print(f"resumed {run_dir} at epoch {start_epoch}", flush=True)
     elif is_chief:
         write_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(config), indent=2) + "\n")
@@ -774,7 +825,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
         if bad:
             raise SystemExit(f"the state at epoch {epoch} is not finite ({len(bad)} leaves, e.g. {bad[0]}): "
                              f"training diverged; it was not saved. "
-                             f"{divergence_advice(latest_checkpoint(ckpt_dir), run_dir)}")
+                             f"{divergence_advice(config, latest_checkpoint(ckpt_dir), run_dir)}")
         if is_chief:
             try:
                 save_checkpoint(ckpt_dir, whole, epoch, config.keep_checkpoints)
@@ -798,7 +849,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
                 epoch += 1
                 if not math.isfinite(record[trainer.loss_key]):
                     raise SystemExit(f"{trainer.loss_key} is {record[trainer.loss_key]} at epoch {epoch}: "
-                                     f"training diverged. {divergence_advice(latest_checkpoint(ckpt_dir), run_dir)}")
+                                     f"training diverged. {divergence_advice(config, latest_checkpoint(ckpt_dir), run_dir)}")
                 steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * runs
                 record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
                           "sps": steps_done / (time_before + chunk_time * (j + 1) / n), **record}

@@ -552,7 +552,7 @@ def test_divergence_stops_with_last_good_checkpoint(tmp_path):
     assert epoch == 2
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state.params))
     # from scratch, divergence in the first epoch: there is no checkpoint to point to
-    with pytest.raises(SystemExit, match="Last good checkpoint: none"):
+    with pytest.raises(SystemExit, match="No checkpoint was saved: start a new run with a lower learning rate"):
         run.train(run_config(tmp_path / "fresh", n_devices=1, lr=1e30), make_trainer)
 
 

@@ -56,9 +56,11 @@ def test_bad_flags_exit_with_usage_error(argv, capsys):
 def test_resume_takes_the_saved_config_and_run_flags_from_the_command_line(tmp_path, capsys):
     saved = Toy(n_samples=3, hidden=(8,), out_dir=str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(saved)))
-    config = run.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "9", "--eval-only"])
-    assert config.n_samples == 3 and config.hidden == (8,) and config.eval_only
-    assert "ignores --n-samples 9" in capsys.readouterr().err
+    config = run.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "3", "--lr", "0.01", "--eval-only"])
+    assert config.n_samples == 3 and config.hidden == (8,) and config.eval_only and config.lr == 0.01
+    with pytest.raises(SystemExit):  # a flag the checkpoint's state or the run depends on
+        run.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "9"])
+    assert "cannot change --n-samples: start a new run" in capsys.readouterr().err
     (tmp_path / "config.json").write_text(json.dumps({**dataclasses.asdict(saved), "typo_flag": 1}))
     with pytest.raises(SystemExit):
         run.parse_config(Toy, ["--resume", str(tmp_path)])

@@ -193,3 +193,29 @@ def test_a_full_disk_stops_with_one_line_and_resume_drops_the_torn_line(tmp_path
     run.train(resume, ppo_joint.make_trainer)
     assert "dropped 1 line(s) past the checkpoint's epoch 1" in capsys.readouterr().err
     assert [json.loads(line)["epoch"] for line in lines(run_dir)] == [1, 2, 3]
+
+
+# 6. Divergence advice that can be followed: --resume takes the float flags and records the change
+def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, jax_compile_cache, capsys):
+    from algos import ppo_joint
+    from common import run
+
+    run_dir = tmp_path / "run"
+    run.train(ppo_joint.Config(**RUN, out_dir=str(run_dir)), ppo_joint.make_trainer, max_epochs=1)
+    with pytest.raises(SystemExit) as info:  # the first Adam steps throw the parameters to ~1e30
+        run.train(run.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--n-devices", "1", "--lr", "1e30"]),
+                  ppo_joint.make_trainer)
+    advice = f"--resume {run_dir} --lr 1e+29"
+    assert "diverged" in str(info.value.code) and advice in str(info.value.code)
+    out = run.train(run.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--n-devices", "1", "--lr", "0.0025"]),
+                    ppo_joint.make_trainer)
+    assert out["epoch"] == 3
+    printed = capsys.readouterr().out
+    assert "--resume changes --lr 0.0025 -> 1e+30 from epoch 1" in printed
+    assert "--resume changes --lr 1e+30 -> 0.0025 from epoch 1" in printed
+    changes = [json.loads(line) for line in (run_dir / "changes.jsonl").read_text().splitlines()]
+    assert changes == [{"epoch": 1, "lr": [0.0025, 1e30]}, {"epoch": 1, "lr": [1e30, 0.0025]}]
+    assert json.loads((run_dir / "config.json").read_text())["lr"] == 0.0025
+    with pytest.raises(SystemExit):  # a flag that shapes the state is refused, not ignored
+        run.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--hidden", "16"])
+    assert "cannot change --hidden: start a new run" in capsys.readouterr().err
