@@ -104,6 +104,11 @@ class RunConfig:
     each member trains --num-seeds seeds, all in one compiled program"""
 
     def __post_init__(self):
+        for name, kind in typing.get_type_hints(type(self)).items():  # what JAX can compute with
+            value = getattr(self, name)
+            _require(kind is not float or math.isfinite(value), f"{flag_name(name)} {value}: use a finite number")
+            _require(kind is not int or abs(value) < 2**31, f"{flag_name(name)} {value}: too large; JAX computes "
+                                                            f"with 32-bit integers: use at most {2**31 - 1}")
         _require(self.num_seeds >= 1, f"--num-seeds {self.num_seeds}: use 1 or more")
         _require(self.n_devices >= 0, f"--n-devices {self.n_devices}: use 0 (all) or a positive count")
         _require(self.total_steps > 0, f"--total-steps {self.total_steps}: use a positive number")
@@ -210,7 +215,8 @@ class _Once(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if self.dest in parser.given:
-            parser.error(f"{option_string} is given twice (also as {parser.given[self.dest]}); give it once")
+            also = "" if parser.given[self.dest] == option_string else f" (also as {parser.given[self.dest]})"
+            parser.error(f"{option_string} is given twice{also}; give it once")
         parser.given[self.dest] = option_string
         setattr(namespace, self.dest, values)
 
@@ -280,13 +286,43 @@ def load_config(cls, run_dir: Path):
     path = run_dir / "config.json"
     if not path.is_file():
         raise ValueError(f"--resume {run_dir}: no config.json there; pass the directory of an earlier run")
-    saved = json.loads(path.read_text())
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(saved) - names
-    if unknown:
-        raise ValueError(f"--resume {run_dir}: config.json has flags this script does not know "
-                         f"({', '.join(sorted(unknown))}); was it written by another script?")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+    try:
+        saved = json.loads(path.read_text(errors="replace"))
+    except ValueError as error:
+        raise ValueError(f"--resume {run_dir}: {path} is not JSON ({error}); repair it or start a new run") from None
+    _require(isinstance(saved, dict), f"--resume {run_dir}: {path} holds no flags ({type(saved).__name__}); "
+                                      f"repair it or start a new run")
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(saved) - set(hints))
+    _require(not unknown, f"--resume {run_dir}: {path} has flags this script does not know "
+                          f"({', '.join(unknown)}); was it written by another script?")
+    missing = sorted(set(hints) - set(saved) - set(RUN_CONTROL))
+    _require(not missing, f"--resume {run_dir}: {path} lacks {', '.join(missing)}; add them (this script's defaults: "
+                          f"{', '.join(f'{k}: {json.dumps(getattr(cls, k))}' for k in missing)}) or start a new run")
+    for name, value in saved.items():
+        _require(_fits(hints[name], value), f"--resume {run_dir}: {path} sets {name} to {json.dumps(value)}, "
+                                            f"not {_describe(hints[name])}; repair it or start a new run")
+    return cls(**{k: tuple(v) if isinstance(v, list) else float(v) if hints[k] is float else v
+                  for k, v in saved.items()})
+
+
+def _fits(kind, value) -> bool:
+    """Whether a JSON value is one of `kind`: bool, int, float (an int too), str, a Literal, tuple[X, ...]."""
+    if typing.get_origin(kind) is typing.Literal:
+        return value in typing.get_args(kind)
+    if typing.get_origin(kind) is tuple:
+        return isinstance(value, list) and all(_fits(typing.get_args(kind)[0], x) for x in value)
+    if isinstance(value, bool) or kind is bool:
+        return isinstance(value, bool) and kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def _describe(kind) -> str:
+    if typing.get_origin(kind) is typing.Literal:
+        return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
+    if typing.get_origin(kind) is tuple:
+        return f"a list of {typing.get_args(kind)[0].__name__}"
+    return f"a {kind.__name__}"
 
 
 # ----------------------------------------------------------------------------
@@ -720,6 +756,24 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Tra
     return swept, (jnp.tile(keys, (1, len(members), 1)), values)
 
 
+def check_memory(template, config, n_devices: int) -> None:
+    """Refuses a runner state larger than the memory that must hold it, naming the flags that size it."""
+    leaves = jax.tree_util.tree_leaves_with_path(template)
+    need = sum(x.size * np.dtype(x.dtype).itemsize for _, x in leaves)
+    limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", 0) * n_devices
+    have = limit or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # a CPU: the host's memory
+    if need <= have:
+        return
+    path, biggest = max(leaves, key=lambda leaf: leaf[1].size)
+    sizes = set(biggest.shape[2:])  # [n_devices, runs, ...]
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in RUN_CONTROL}
+    flags = [flag_name(k) for k, v in values.items() if not isinstance(v, (bool, str, float))
+             and set(v if isinstance(v, tuple) else (v,)) & sizes - {0, 1}]
+    raise ValueError(f"the runner state needs {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
+                     f"memory here; its largest array, {jax.tree_util.keystr(path)} {tuple(biggest.shape)}, "
+                     f"is sized by {' and '.join(flags) or 'the network and buffer flags'}: make it smaller")
+
+
 # ----------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------
@@ -761,6 +815,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
                          f"outside the compiled math (e.g. to choose a branch), so it cannot be swept in one program; "
                          f"run one process per value (e.g. a wandb sweep, sweeps/). ({type(error).__name__})") from None
     template = init_lowered.out_info
+    check_memory(template, config, n_devices)
     if is_chief and not config.eval_only:
         held.enter_context(open_run_dir(run_dir, config))
     start_epoch, state = 0, None
@@ -896,6 +951,8 @@ def main(config_cls, make_trainer: Callable, script: str, description: str, argv
     try:
         summary = train(config, make_trainer, script)
     except ValueError as error:  # configuration that only the environment can reject
+        raise SystemExit(f"error: {error}") from None
+    except OSError as error:  # the file system (e.g. a full disk) where no message says more
         raise SystemExit(f"error: {error}") from None
     print(f"eval return {summary['eval_return']:.2f} (greedy, {config.eval_episodes} episodes)", flush=True)
     return summary

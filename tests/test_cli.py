@@ -16,6 +16,11 @@ TINY = ["--num-envs", "4", "--num-steps", "32", "--total-steps", "1280", "--eval
         "--eval-episodes", "4", "--no-compile-cache"]
 
 
+def long_run(args):
+    """`args` with --total-steps 4000000 (a flag may be given once only)."""
+    return [a if a != "1280" else "4000000" for a in args]
+
+
 def env():
     clean = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
     return {**clean, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
@@ -83,7 +88,7 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
 
 def test_interrupt_then_resume_and_eval_only(tmp_path):
     out_dir = tmp_path / "run"
-    args = [*TINY, "--total-steps", "4000000", "--checkpoint-every", "1000", "--out-dir", out_dir]
+    args = [*long_run(TINY), "--checkpoint-every", "1000", "--out-dir", out_dir]
     proc = subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args)], cwd=tmp_path, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = out_dir / "metrics.jsonl"

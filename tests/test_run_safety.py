@@ -27,6 +27,11 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
+def long_run(args):
+    """`args` with --total-steps 4000000 (a flag may be given once only)."""
+    return [a if a != "1280" else "4000000" for a in args]
+
+
 def env(cache):
     clean = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
     return {**clean, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu", "XDG_CACHE_HOME": str(cache)}
@@ -83,7 +88,7 @@ def test_a_new_run_refuses_a_directory_holding_a_run(cache, tmp_path):
 # 2. Two runs in one directory
 def test_a_second_run_in_a_live_run_directory_is_refused(cache, tmp_path):
     run_dir = tmp_path / "run"
-    first = start(cache, *TINY, "--total-steps", "4000000", "--checkpoint-every", "1", "--out-dir", run_dir)
+    first = start(cache, *long_run(TINY), "--checkpoint-every", "1", "--out-dir", run_dir)
     try:
         wait_for(run_dir / "metrics.jsonl")
         for args in ([*TINY, "--overwrite", "--out-dir", run_dir], ["--resume", run_dir]):
@@ -219,3 +224,43 @@ def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, jax_com
     with pytest.raises(SystemExit):  # a flag that shapes the state is refused, not ignored
         run.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--hidden", "16"])
     assert "cannot change --hidden: start a new run" in capsys.readouterr().err
+
+
+# 7. Messages, not tracebacks
+@pytest.mark.parametrize("args, message", [
+    (["--out-dir", "{file}"], "--out-dir {file} is a file, not a directory"),
+    (["--out-dir", "{file}/run"], "--out-dir {file}/run: cannot write there (Not a directory)"),
+    (["--out-dir", "/proc/jtrax"], "--out-dir /proc/jtrax: cannot write there"),
+    (["--out-dir", "run", "--hidden", "300000", "300000"],
+     "its largest array, .params['torso'][1]['w'] (1, 1, 300000, 300000), is sized by --hidden: make it smaller"),
+    (["--out-dir", "run", "--seed", "100000000000000000000"], "--seed 100000000000000000000: too large"),
+])
+def test_bad_places_and_sizes_are_messages(cache, tmp_path, args, message):
+    (tmp_path / "file").write_text("not a directory")
+    out = cli(cache, *TINY, *[a.format(file=tmp_path / "file") for a in args], cwd=tmp_path)
+    refused(out, message.format(file=tmp_path / "file"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("{", "config.json is not JSON"),
+    ("[1, 2]", "config.json holds no flags (list)"),
+    ({"lr": "fast"}, 'config.json sets lr to "fast", not a float'),
+    ({"num_envs": None}, "config.json sets num_envs to null, not a int"),
+    ({"hidden": 64}, "config.json sets hidden to 64, not a list of int"),
+    ({"hidden": [64, "x"]}, 'config.json sets hidden to [64, "x"], not a list of int'),
+    ({"advantage": "td"}, 'config.json sets advantage to "td", not one of "gae", "monte-carlo"'),
+    ({"lr": "delete"}, "config.json lacks lr; add them (this script's defaults: lr: 0.0025)"),
+])
+def test_a_damaged_config_json_is_named_on_resume(tmp_path, capsys, damage, message):
+    from algos import ppo_joint
+    from common import run
+
+    if isinstance(damage, dict):
+        saved = {**dataclasses.asdict(ppo_joint.Config()), **damage}
+        damage = json.dumps({k: v for k, v in saved.items() if v != "delete"})
+    (tmp_path / "config.json").write_text(damage)
+    with pytest.raises(SystemExit):
+        run.parse_config(ppo_joint.Config, ["--resume", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'config.json'}" in err and message in err, err
