@@ -174,6 +174,12 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def require_non_negative(config, *names: str) -> None:
+    """Coefficients (of a loss term, an entropy bonus): 0 (the term off) or more."""
+    for name in names:
+        _require(getattr(config, name) >= 0, f"{flag_name(name)} {getattr(config, name)}: use 0 (off) or more")
+
+
 def field_docs(cls) -> dict[str, str]:
     """Attribute docstrings (the string after each field) of a dataclass and its bases."""
     docs: dict[str, str] = {}

@@ -6,6 +6,7 @@ directory, sharing one compilation cache (the same tiny program compiles once).
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -264,3 +265,50 @@ def test_a_damaged_config_json_is_named_on_resume(tmp_path, capsys, damage, mess
         run.parse_config(ppo_joint.Config, ["--resume", str(tmp_path)])
     err = capsys.readouterr().err
     assert f"{tmp_path / 'config.json'}" in err and message in err, err
+
+
+# 8. Bad values refused before anything compiles
+@pytest.mark.parametrize("args, message", [
+    (["--lr", "inf"], "--lr inf: use a finite number"),
+    (["--clip-eps", "-1"], "--clip-eps -1.0: use a positive value"),
+    (["--lr", "1e-3", "--lr", "1e-4"], "--lr is given twice; give it once"),
+])
+def test_bad_values_are_refused_on_the_command_line(cache, tmp_path, args, message):
+    refused(cli(cache, *TINY, *args, "--out-dir", tmp_path / "run"), message)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("script, overrides, message", [
+    ("ppo_joint", dict(clip_eps=float("nan")), "--clip-eps nan: use a finite number"),
+    ("ppo_joint", dict(vf_coef=-5.0), "--vf-coef -5.0: use 0 (off) or more"),
+    ("ppo_joint", dict(ent_coef=-0.1), "--ent-coef -0.1: use 0 (off) or more"),
+    ("ppo_joint", dict(gamma=float("-inf")), "--gamma -inf: use a finite number"),
+    ("dqn_value", dict(eps_decay=float("nan")), "--eps-decay nan: use a finite number"),
+    ("awr", dict(beta=float("inf")), "--beta inf: use a finite number"),
+    ("awr", dict(ent_coef=-1.0), "--ent-coef -1.0: use 0 (off) or more"),
+    ("reinforce", dict(max_grad_norm=float("inf")), "--max-grad-norm inf: use a finite number"),
+    ("actor_critic", dict(clip_eps=0.0), "--clip-eps 0.0: use a positive value"),
+    ("actor_critic", dict(advantage="td-k", td_k=200), "--td-k 200 is longer than the rollout (--num-steps 128)"),
+    ("skip_transformer", dict(vf_coef=-1.0), "--vf-coef -1.0: use 0 (off) or more"),
+    ("ppo_joint", dict(num_envs=2**31), "--num-envs 2147483648: too large"),
+])
+def test_bad_values_are_refused_by_the_config(script, overrides, message):
+    import importlib
+
+    Config = importlib.import_module(f"algos.{script}").Config
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        Config(**overrides)
+
+
+@pytest.mark.parametrize("script, overrides, message", [
+    ("awr", dict(policy_batch_size=5000), "--policy-batch-size 5000 is larger than the replay: 4 epochs x 8 envs x "
+                                          "128 steps = 4096 transitions per device; use at most 4096"),
+    ("skip_transformer", dict(context_len=600), "--context-len 600 is longer than an episode of CartPoleNoVel-v1 "
+                                                "(500 steps); use at most 500"),
+])
+def test_sizes_that_do_not_fit_the_data_are_refused(script, overrides, message):
+    import importlib
+
+    module = importlib.import_module(f"algos.{script}")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        module.make_trainer(module.Config(n_devices=1, **overrides))
