@@ -165,7 +165,7 @@ def normalize_window(stats: envs.ObsStats | None, window: jax.Array) -> jax.Arra
 
 def make_env(env_id: str, context_len: int):
     base, keep = NO_VELOCITY.get(env_id, (env_id, None))
-    env, env_params = envs.make_env(base)
+    env, env_params = envs.make_env(base, own=tuple(NO_VELOCITY))
     return ContextWindow(env, env_params, context_len, keep), env_params
 
 

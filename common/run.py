@@ -398,6 +398,8 @@ def open_run_dir(run_dir: Path, config):
             shutil.rmtree(path)
         else:
             path.unlink()
+    for tmp in [*run_dir.glob(".tmp_*"), *run_dir.glob("checkpoints/.tmp_*")]:  # writes cut short by a crash
+        tmp.unlink()
     return lock
 
 
@@ -832,6 +834,10 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
         except ValueError as error:
             raise SystemExit(f"--resume {run_dir}: {error}") from None
         state = devices.this_host(state)
+        if start_epoch == trainer.num_epochs and not config.eval_only and (run_dir / "summary.json").is_file():
+            print(f"{run_dir} finished at epoch {start_epoch}: nothing to train, its summary.json stays; "
+                  f"--eval-only --resume {run_dir} evaluates it again", flush=True)
+            return json.loads((run_dir / "summary.json").read_text())
         if is_chief and not config.eval_only:
             trim_metrics(run_dir / "metrics.jsonl", start_epoch)
             record_changes(run_dir, config, start_epoch)

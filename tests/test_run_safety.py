@@ -312,3 +312,26 @@ def test_sizes_that_do_not_fit_the_data_are_refused(script, overrides, message):
     module = importlib.import_module(f"algos.{script}")
     with pytest.raises(ValueError, match=re.escape(message)):
         module.make_trainer(module.Config(n_devices=1, **overrides))
+
+
+# 9. Small losses
+def test_resuming_a_finished_run_keeps_its_summary_and_removes_leftovers(cache, tmp_path):
+    run_dir = tmp_path / "run"
+    assert cli(cache, *TINY, "--out-dir", run_dir).returncode == 0
+    summary = (run_dir / "summary.json").read_bytes()
+    leftover = run_dir / "checkpoints" / ".tmp_000007.npz"  # a checkpoint write killed half-way
+    leftover.write_bytes(b"half a checkpoint")
+    out = cli(cache, "--resume", run_dir)
+    assert out.returncode == 0, out.stderr
+    assert f"{run_dir} finished at epoch 10: nothing to train" in out.stdout and "compiled in" not in out.stdout
+    assert (run_dir / "summary.json").read_bytes() == summary
+    assert not leftover.exists()
+
+
+def test_an_unknown_env_is_matched_against_the_scripts_own_environments():
+    from algos import skip_transformer
+
+    with pytest.raises(ValueError) as info:
+        skip_transformer.make_trainer(skip_transformer.Config(env="CartPoleNoVel-v2", n_devices=1))
+    message = str(info.value)
+    assert "Did you mean CartPoleNoVel-v1" in message and message.endswith(", CartPoleNoVel-v1")
