@@ -13,6 +13,7 @@ What a run writes in `--out-dir DIR`:
 - `checkpoints/epoch_NNNNNN.npz`: the whole runner state (params, optimiser,
   environments, keys), written to a temporary file and renamed, no pickle;
   the newest `--keep-checkpoints`, each of them finite.
+- `changes.jsonl`: the float flags each --resume changed, from which epoch.
 - `run.lock`: held by the live run (`open_run_dir`).
 
 On several hosts (`--coordinator`, see `devices.init_distributed`) every host
@@ -271,10 +272,10 @@ def parse_config(cls, argv=None, description: str = ""):
             saved = load_config(cls, Path(args["resume"]))
             changed = {k: args[k] for k in parser.given if k not in RUN_CONTROL and args[k] != getattr(saved, k)}
             fixed = [k for k in changed if k not in float_flags(cls)]
+            takes = [*map(flag_name, float_flags(cls)), *map(flag_name, RUN_CONTROL)]
             _require(not fixed, f"--resume {args['resume']} continues that run with the flags of its config.json; "
-                                f"it cannot change {', '.join(flag_name(k) for k in fixed)}: start a new run for "
-                                f"that. --resume takes the float flags ({', '.join(map(flag_name, float_flags(cls))) or 'none'}) "
-                                f"and {', '.join(flag_name(k) for k in RUN_CONTROL)}")
+                                f"it cannot change {', '.join(map(flag_name, fixed))}: start a new run for "
+                                f"that. --resume takes the float flags and run flags: {', '.join(takes)}")
             config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL}, **changed,
                                          out_dir=args["resume"])
         else:
@@ -915,8 +916,9 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
             for j, record in enumerate(records):
                 epoch += 1
                 if not math.isfinite(record[trainer.loss_key]):
+                    advice = divergence_advice(config, latest_checkpoint(ckpt_dir), run_dir)
                     raise SystemExit(f"{trainer.loss_key} is {record[trainer.loss_key]} at epoch {epoch}: "
-                                     f"training diverged. {divergence_advice(config, latest_checkpoint(ckpt_dir), run_dir)}")
+                                     f"training diverged. {advice}")
                 steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * runs
                 record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
                           "sps": steps_done / (time_before + chunk_time * (j + 1) / n), **record}

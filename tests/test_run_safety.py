@@ -7,10 +7,8 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -28,31 +26,14 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-def long_run(args):
-    """`args` with --total-steps 4000000 (a flag may be given once only)."""
-    return [a if a != "1280" else "4000000" for a in args]
-
-
 def env(cache):
     clean = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
     return {**clean, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu", "XDG_CACHE_HOME": str(cache)}
 
 
-def cli(cache, *args, script="ppo_joint", cwd=None):
-    return subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), *map(str, args)],
+def cli(cache, *args, cwd=None):
+    return subprocess.run([sys.executable, str(ROOT / "algos" / "ppo_joint.py"), *map(str, args)],
                           cwd=cwd or cache, env=env(cache), capture_output=True, text=True, timeout=300)
-
-
-def start(cache, *args):
-    return subprocess.Popen([sys.executable, str(ROOT / "algos" / "ppo_joint.py"), *map(str, args)], cwd=cache,
-                            env=env(cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(path: Path, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline and not (path.exists() and path.stat().st_size > 0):
-        time.sleep(0.1)
-    assert path.exists(), path
 
 
 def refused(out, *phrases):
@@ -87,21 +68,36 @@ def test_a_new_run_refuses_a_directory_holding_a_run(cache, tmp_path):
 
 
 # 2. Two runs in one directory
+HOLD = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from common import run
+lock = run.open_run_dir(Path({run_dir!r}), run.RunConfig(out_dir={run_dir!r}))  # as a run holds it, all its life
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
 def test_a_second_run_in_a_live_run_directory_is_refused(cache, tmp_path):
+    from algos import ppo_joint
+
     run_dir = tmp_path / "run"
-    first = start(cache, *long_run(TINY), "--checkpoint-every", "1", "--out-dir", run_dir)
+    first = subprocess.Popen([sys.executable, "-c", HOLD.format(root=str(ROOT), run_dir=str(run_dir))],
+                             env=env(cache), stdout=subprocess.PIPE, text=True)
     try:
-        wait_for(run_dir / "metrics.jsonl")
-        for args in ([*TINY, "--overwrite", "--out-dir", run_dir], ["--resume", run_dir]):
+        assert first.stdout.readline() == "holding\n"
+        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(ppo_joint.Config(out_dir=str(run_dir)))))
+        for args in ([*TINY, "--out-dir", run_dir], ["--resume", run_dir]):
             refused(cli(cache, *args), f"another run (pid {first.pid}) is using this directory")
     finally:
-        first.send_signal(signal.SIGKILL)
-        first.communicate(timeout=60)
+        first.kill()  # SIGKILL: no clean-up runs
+        first.wait(timeout=60)
     # the dead run's lock file stays behind and blocks nothing
     assert (run_dir / "run.lock").read_text().strip() == str(first.pid)
     out = cli(cache, *TINY, "--overwrite", "--out-dir", run_dir)
     assert out.returncode == 0, out.stderr
-    assert len(lines(run_dir)) == 10  # one run's lines only
+    assert len(lines(run_dir)) == 10
 
 
 # 3. A non-finite state is never saved, and a run that ends in one does not exit 0
@@ -213,8 +209,8 @@ def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, jax_com
                   ppo_joint.make_trainer)
     advice = f"--resume {run_dir} --lr 1e+29"
     assert "diverged" in str(info.value.code) and advice in str(info.value.code)
-    out = run.train(run.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--n-devices", "1", "--lr", "0.0025"]),
-                    ppo_joint.make_trainer)
+    out = run.train(run.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--n-devices", "1",
+                                                        "--lr", "0.0025"]), ppo_joint.make_trainer)
     assert out["epoch"] == 3
     printed = capsys.readouterr().out
     assert "--resume changes --lr 0.0025 -> 1e+30 from epoch 1" in printed
