@@ -162,8 +162,7 @@ def eval_keys(key, config):
 # come from the command line, everything else from the run's config.json (but
 # for the float flags given, see `parse_config`).
 RUN_CONTROL = ("resume", "overwrite", "eval_only", "track", "no_compile_cache", "eval_episodes", "keep_checkpoints",
-               "n_devices",
-               "coordinator", "num_processes", "process_id", "coordinator_timeout")
+               "n_devices", "coordinator", "num_processes", "process_id", "coordinator_timeout")
 
 
 # XLA options for programs that run rarely (init, evaluation): a quicker compile.
@@ -272,7 +271,7 @@ def parse_config(cls, argv=None, description: str = ""):
             saved = load_config(cls, Path(args["resume"]))
             changed = {k: args[k] for k in parser.given if k not in RUN_CONTROL and args[k] != getattr(saved, k)}
             fixed = [k for k in changed if k not in float_flags(cls)]
-            takes = [*map(flag_name, float_flags(cls)), *map(flag_name, RUN_CONTROL)]
+            takes = map(flag_name, float_flags(cls) + [k for k in RUN_CONTROL if k not in ("resume", "overwrite")])
             _require(not fixed, f"--resume {args['resume']} continues that run with the flags of its config.json; "
                                 f"it cannot change {', '.join(map(flag_name, fixed))}: start a new run for "
                                 f"that. --resume takes the float flags and run flags: {', '.join(takes)}")
