@@ -789,7 +789,8 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     """Trains (or, with --eval-only, evaluates) and returns the summary.
 
     `max_epochs` stops early after that many epochs of this call (as Ctrl-C
-    would), leaving a checkpoint to --resume from.
+    would), leaving a checkpoint to --resume from. The chief holds the run
+    directory's lock (`open_run_dir`) from before the compile to the return.
     """
     with contextlib.ExitStack() as held:  # the run directory's lock, released however the run ends
         return _train(config, make_trainer, script, max_epochs, held)
