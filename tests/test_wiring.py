@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from gymnax.environments.classic_control.cartpole import EnvState
 
-from algos import ppo_joint
+from algos import actor_critic, ppo_joint
 from common import devices, envs, run
 
 pytestmark = pytest.mark.usefixtures("jax_compile_cache")
@@ -164,3 +164,51 @@ def test_ppo_joint_epoch():
     metrics = first(metrics)
     for key in ("loss/joint", "loss/policy", "loss/value", "policy/entropy"):
         np.testing.assert_allclose(metrics[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+# ----------------------------------------------------------------------------
+# actor_critic
+# ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def a2c():
+    # one full-batch step of each network: the losses reported are those of the parameters before the update
+    config = actor_critic.Config(num_envs=8, num_steps=32, loss="a2c", value_train_steps=1, value_batch_size=256,
+                                 hidden=(16,), gamma=0.9, lam=0.8, normalize_obs=True, total_steps=8 * 32 * 10,
+                                 n_devices=1)
+    return Compiled(actor_critic, config)
+
+
+def test_actor_critic_epoch():
+    c = a2c()
+    config, trainer = c.config, c.trainer
+    dist = actor_critic.make_distribution(trainer.env.action_space(trainer.env_params))
+    state = c.state_after_warmup()
+    before = first(state)
+    rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
+    traj, stats, runner = rollout.traj, before.obs_stats, before.runner
+    assert np.abs(stats.var - 1).max() > 0.1
+    truncated = check_cartpole_rollout(trainer.env, trainer.env_params, runner.env_state.time, traj.obs,
+                                       traj.action, traj.reward, traj.terminated, traj.done, traj.final_obs)
+
+    value = jax.vmap(actor_critic.value_network, (None, 0, None))
+    norm_obs = envs.normalize_obs(stats, flat(traj.obs))
+    values = host(value(runner.value_params, norm_obs, config.activation)).reshape(traj.reward.shape)
+    next_values = host(value(runner.value_params, envs.normalize_obs(stats, flat(traj.final_obs)),
+                             config.activation)).reshape(traj.reward.shape)
+    advantages, targets = np_gae(traj.reward, values, next_values, traj.terminated, traj.done, config.gamma,
+                                 config.lam)
+    check_ends(rollout.targets, traj.reward, next_values, traj.terminated, truncated, config.gamma)
+    np.testing.assert_allclose(rollout.advantages, advantages, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(rollout.targets, targets, rtol=1e-4, atol=1e-4)
+
+    inputs = jax.vmap(actor_critic.policy_network, (None, 0, None, None))(runner.policy_params, norm_obs, dist,
+                                                                         config.activation)
+    log_prob = dist.log_prob(inputs, flat(traj.action))
+    np.testing.assert_allclose(flat(traj.log_prob), log_prob, rtol=1e-5, atol=1e-5)
+    batch = actor_critic.Batch(norm_obs, flat(traj.action), log_prob, flat(advantages).astype(jnp.float32),
+                               flat(targets).astype(jnp.float32))
+    _, want = actor_critic.policy_loss(runner.policy_params, batch, dist, config)
+    _, want_value = actor_critic.value_loss(runner.value_params, batch, config, 1.0)
+    metrics = first(metrics)
+    for key, value in {**want, **want_value}.items():
+        np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
