@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from gymnax.environments.classic_control.cartpole import EnvState
 
-from algos import actor_critic, ppo_joint
+from algos import actor_critic, ppo_joint, reinforce
 from common import devices, envs, run
 
 pytestmark = pytest.mark.usefixtures("jax_compile_cache")
@@ -70,10 +70,11 @@ class Compiled:
 # ----------------------------------------------------------------------------
 # References
 # ----------------------------------------------------------------------------
-def check_cartpole_rollout(env, env_params, time, obs, action, reward, terminated, done, final_obs):
+def check_cartpole_rollout(env, env_params, time, obs, action, reward, done, terminated=None, final_obs=None):
     """The rollout `[T, B, ...]` (raw observations) against gymnax's CartPole from each recorded observation.
 
-    `time` `[B]`: the steps each episode had run before the rollout. Returns `truncated` `[T, B]`.
+    `time` `[B]`: the steps each episode had run before the rollout. The recorded `terminated` and
+    `final_obs`, where a script keeps them, must be gymnax's. Returns `(terminated, truncated)` `[T, B]`.
     """
     T, B = reward.shape
     flat = lambda x: jnp.asarray(x.reshape((T * B,) + x.shape[2:]))  # noqa: E731
@@ -81,8 +82,12 @@ def check_cartpole_rollout(env, env_params, time, obs, action, reward, terminate
     states = EnvState(x=o[:, 0], x_dot=o[:, 1], theta=o[:, 2], theta_dot=o[:, 3], time=jnp.zeros(T * B, jnp.int32))
     step = jax.vmap(env.step_env, (None, 0, 0, None))
     next_obs, _, _, next_terminated, _ = step(jax.random.PRNGKey(0), states, flat(action), env_params)
-    np.testing.assert_allclose(final_obs, np.asarray(next_obs).reshape(final_obs.shape), rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(terminated, np.asarray(next_terminated).reshape(T, B))
+    next_obs, next_terminated = np.asarray(next_obs).reshape(obs.shape), np.asarray(next_terminated).reshape(T, B)
+    if final_obs is not None:
+        np.testing.assert_allclose(final_obs, next_obs, rtol=1e-5, atol=1e-6)
+    if terminated is not None:
+        np.testing.assert_array_equal(terminated, next_terminated)
+    terminated = next_terminated
     np.testing.assert_array_equal(reward, 1.0)
     # episode lengths from the recorded ends: truncated when the time limit is reached
     length, truncated = np.asarray(time).copy(), np.zeros((T, B), bool)
@@ -92,10 +97,10 @@ def check_cartpole_rollout(env, env_params, time, obs, action, reward, terminate
         np.testing.assert_array_equal(done[t], terminated[t] | truncated[t])
         length = np.where(done[t], 0, length)
     # after an end the next observation is a reset one, otherwise the final observation itself
-    np.testing.assert_array_equal(obs[1:][~done[:-1]], final_obs[:-1][~done[:-1]])
+    np.testing.assert_allclose(obs[1:][~done[:-1]], next_obs[:-1][~done[:-1]], rtol=1e-5, atol=1e-6)
     assert np.all(np.abs(obs[1:][done[:-1]]) <= 0.05)
     assert (truncated & ~terminated).any() and terminated.any(), "the rollout needs both kinds of end"
-    return truncated
+    return terminated, truncated
 
 
 def np_gae(rewards, values, next_values, terminated, dones, gamma, lam):
@@ -139,8 +144,8 @@ def test_ppo_joint_epoch():
     rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
     traj, stats, params = rollout.traj, before.obs_stats, before.runner.params
     assert np.abs(stats.var - 1).max() > 0.1  # past the first epoch: the normalization is not the identity
-    truncated = check_cartpole_rollout(trainer.env, trainer.env_params, before.runner.env_state.time, traj.obs,
-                                       traj.action, traj.reward, traj.terminated, traj.done, traj.final_obs)
+    _, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, before.runner.env_state.time, traj.obs,
+                                          traj.action, traj.reward, traj.done, traj.terminated, traj.final_obs)
 
     # targets: GAE in NumPy on the network's values of the normalized observations
     net = jax.vmap(ppo_joint.network, (None, 0, None, None))
@@ -187,8 +192,8 @@ def test_actor_critic_epoch():
     rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
     traj, stats, runner = rollout.traj, before.obs_stats, before.runner
     assert np.abs(stats.var - 1).max() > 0.1
-    truncated = check_cartpole_rollout(trainer.env, trainer.env_params, runner.env_state.time, traj.obs,
-                                       traj.action, traj.reward, traj.terminated, traj.done, traj.final_obs)
+    _, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, runner.env_state.time, traj.obs,
+                                          traj.action, traj.reward, traj.done, traj.terminated, traj.final_obs)
 
     value = jax.vmap(actor_critic.value_network, (None, 0, None))
     norm_obs = envs.normalize_obs(stats, flat(traj.obs))
@@ -212,3 +217,54 @@ def test_actor_critic_epoch():
     metrics = first(metrics)
     for key, value in {**want, **want_value}.items():
         np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+# ----------------------------------------------------------------------------
+# reinforce
+# ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def pg():
+    # one Adam step on the whole rollout: the loss reported is that of the parameters before it
+    config = reinforce.Config(num_envs=8, num_steps=32, batch_size=256, hidden=(16,), gamma=0.9, baseline=True,
+                              normalize_obs=True, total_steps=8 * 32 * 10, n_devices=1)
+    return Compiled(reinforce, config)
+
+
+def np_returns(rewards, dones, gamma):
+    """G_t = r_t + gamma (1 - done_t) G_{t+1}, G_T = 0: a plain loop, no bootstrap anywhere."""
+    returns, next_return = np.zeros_like(rewards, np.float64), np.zeros(rewards.shape[1])
+    for t in reversed(range(len(rewards))):
+        next_return = rewards[t] + gamma * (1 - dones[t]) * next_return
+        returns[t] = next_return
+    return returns
+
+
+def test_reinforce_epoch():
+    c = pg()
+    config, trainer = c.config, c.trainer
+    dist = reinforce.make_distribution(trainer.env.action_space(trainer.env_params))
+    state = c.state_after_warmup()
+    before = first(state)
+    rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
+    traj, stats, params = rollout.traj, before.obs_stats, before.runner.params
+    assert np.abs(stats.var - 1).max() > 0.1
+    terminated, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, before.runner.env_state.time,
+                                                   traj.obs, traj.action, traj.reward, traj.done)
+
+    # G_t: at every episode end, truncated or terminated, G = r (REINFORCE does not bootstrap: SPEC 3.2)
+    returns = np_returns(traj.reward, traj.done, config.gamma)
+    weights = rollout.weights + rollout.return_mean
+    ends = truncated | terminated
+    np.testing.assert_allclose(weights[ends], traj.reward[ends], rtol=1e-5)
+    np.testing.assert_allclose(weights, returns, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rollout.return_mean, returns.mean(), rtol=1e-5)
+
+    norm_obs = envs.normalize_obs(stats, flat(traj.obs))
+    inputs = jax.vmap(reinforce.network, (None, 0, None, None))(params, norm_obs, dist, config.activation)
+    log_prob = dist.log_prob(inputs, flat(traj.action))
+    np.testing.assert_allclose(flat(traj.log_prob), log_prob, rtol=1e-5, atol=1e-5)
+    batch = reinforce.Batch(norm_obs, flat(traj.action), log_prob, flat(returns - returns.mean()).astype(jnp.float32))
+    _, want = reinforce.reinforce_loss(params, batch, dist, config.activation)
+    metrics = first(metrics)
+    for key in ("loss/policy", "policy/entropy", "policy/log_prob_mean"):
+        np.testing.assert_allclose(metrics[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
