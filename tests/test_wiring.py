@@ -22,6 +22,7 @@ import pytest
 from gymnax.environments.classic_control.cartpole import EnvState
 
 from algos import actor_critic, ppo_joint, reinforce
+from algos import skip_transformer as st
 from common import devices, envs, run
 
 pytestmark = pytest.mark.usefixtures("jax_compile_cache")
@@ -267,4 +268,55 @@ def test_reinforce_epoch():
     _, want = reinforce.reinforce_loss(params, batch, dist, config.activation)
     metrics = first(metrics)
     for key in ("loss/policy", "policy/entropy", "policy/log_prob_mean"):
+        np.testing.assert_allclose(metrics[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+# ----------------------------------------------------------------------------
+# skip_transformer
+# ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def transformer():
+    # one full-batch step; inside the skip warmup every block runs, so the loss is the full-depth network's
+    config = st.Config(env="CartPole-v1", num_envs=8, num_steps=32, update_epochs=1, num_minibatches=1,
+                       context_len=3, d_model=8, n_heads=2, d_ff=16, n_layers=2, skip_warmup_steps=1000,
+                       gamma=0.9, gae_lambda=0.8, normalize_obs=True, total_steps=8 * 32 * 10, n_devices=1)
+    return Compiled(st, config)
+
+
+def test_skip_transformer_epoch():
+    c = transformer()
+    config, trainer = c.config, c.trainer
+    dist = st.make_distribution(trainer.env.action_space(trainer.env_params))
+    state = c.state_after_warmup()
+    before = first(state)
+    rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
+    traj, stats, runner = rollout.traj, before.obs_stats, before.runner
+    assert np.abs(stats.var - 1).max() > 0.1
+    # windows [T, B, L, F + 1]: the newest row is the observation; a final window is the window before
+    # it shifted by one row, with the final observation (before any reset) as its newest
+    newest, final_newest = traj.obs[..., -1, :-1], traj.final_obs[..., -1, :-1]
+    _, truncated = check_cartpole_rollout(trainer.env.env, trainer.env_params, runner.env_state.env_state.time,
+                                          newest, traj.action, traj.reward, traj.done, traj.terminated, final_newest)
+    np.testing.assert_array_equal(traj.final_obs[..., :-1, :], traj.obs[..., 1:, :])
+    np.testing.assert_array_equal(traj.final_obs[..., -1, -1], 1.0)
+    np.testing.assert_array_equal(traj.obs[1:][traj.done[:-1]][:, :-1], 0.0)  # a new episode: an empty context
+
+    net = lambda windows: host(st.network(runner.params, st.normalize_window(stats, flat(windows)), dist,  # noqa
+                                          config))
+    inputs, values, _ = net(traj.obs)
+    values, next_values = values.reshape(traj.reward.shape), net(traj.final_obs)[1].reshape(traj.reward.shape)
+    advantages, targets = np_gae(traj.reward, values, next_values, traj.terminated, traj.done, config.gamma,
+                                 config.gae_lambda)
+    check_ends(rollout.targets, traj.reward, next_values, traj.terminated, truncated, config.gamma)
+    np.testing.assert_allclose(rollout.advantages, advantages, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(rollout.targets, targets, rtol=1e-4, atol=1e-4)
+
+    log_prob = dist.log_prob(jnp.asarray(inputs), flat(traj.action))
+    np.testing.assert_allclose(flat(traj.log_prob), log_prob, rtol=1e-5, atol=1e-5)
+    batch = st.Batch(st.normalize_window(stats, flat(traj.obs)), flat(traj.action), log_prob,
+                     flat(advantages).astype(jnp.float32), flat(targets).astype(jnp.float32))
+    _, (want, _) = st.ppo_loss(runner.params, batch, runner.skip_step, jax.random.PRNGKey(0), dist, config)
+    metrics = first(metrics)
+    assert metrics["skip/layers_run"] == config.n_layers
+    for key in ("loss/joint", "loss/policy", "loss/value", "policy/entropy"):
         np.testing.assert_allclose(metrics[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
