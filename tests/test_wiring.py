@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from gymnax.environments.classic_control.cartpole import EnvState
 
-from algos import actor_critic, ppo_joint, reinforce
+from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
 from common import devices, envs, run
 
@@ -320,3 +320,221 @@ def test_skip_transformer_epoch():
     assert metrics["skip/layers_run"] == config.n_layers
     for key in ("loss/joint", "loss/policy", "loss/value", "policy/entropy"):
         np.testing.assert_allclose(metrics[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+# ----------------------------------------------------------------------------
+# awr: one epoch's returns, advantages and loss weights from the stored replay and the critic
+# ----------------------------------------------------------------------------
+# Two devices; the replay holds 4 epochs and is checked after its third (one slot still empty,
+# so the empty rows must stay out of every statistic). beta and w_max clip some weights.
+AWR = dict(num_envs=8, num_steps=16, n_replay_epochs=4, policy_steps=1, value_steps=2, policy_batch_size=32,
+           value_batch_size=32, hidden=(16,), gamma=0.9, td_lambda=0.8, beta=0.5, w_max=3.0, total_steps=8 * 16 * 10,
+           n_devices=2)
+# Sampling AWR on CartPole with K = 2: every action once, weighted by mu
+SAMPLING = dict(AWR, q_value=True, n_samples=2, q_aggregate="softmax", q_temperature=0.5, q_normalization="std",
+                reweight=True, normalize_obs=True)
+
+
+@functools.lru_cache(maxsize=None)
+def awr_compiled(**flags):
+    return Compiled(awr, awr.Config(**flags))
+
+
+@functools.lru_cache(maxsize=None)
+def awr_state(**flags):
+    """The state after two epochs, and the rollout and metrics of the third."""
+    c = awr_compiled(**flags)
+    state = c.state_after_warmup()
+    return state, host(c.rollout(state)), host(c.epoch(state)[1])
+
+
+def devices_of(tree):
+    """Seed 0 of every device: `[n_devices, ...]` leaves on the host."""
+    return jax.tree.map(lambda x: np.asarray(x)[:, 0], jax.device_get(tree))
+
+
+def np_td_lambda(rewards, next_values, terminated, dones, gamma, lam):
+    """G_t = r_t + gamma_t ((1 - lam_t) V(s'_t) + lam_t G_{t+1}), G_T = V(s'_{T-1}): a plain loop."""
+    returns, next_return = np.zeros_like(rewards, np.float64), next_values[-1]
+    for t in reversed(range(len(rewards))):
+        discount, lam_t = gamma * (1 - terminated[t]), lam * (1 - dones[t])
+        next_return = rewards[t] + discount * ((1 - lam_t) * next_values[t] + lam_t * next_return)
+        returns[t] = next_return
+    return returns
+
+
+def np_log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def np_aggregate(q, mu, how, temperature, scale):
+    """SPEC 3.5 over every action of `[N, A]`: mean (weighted by mu), max, softmax, logsumexp."""
+    q = q / scale
+    if how == "mean":
+        agg = np.sum(mu * q, 1)
+    elif how == "max":
+        agg = q.max(1)
+    elif how == "softmax":
+        p = np.exp(q / temperature - (q / temperature).max(1, keepdims=True))
+        agg = np.sum(p / p.sum(1, keepdims=True) * q, 1)
+    else:
+        z = q / temperature
+        agg = temperature * (z.max(1) + np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) - np.log(q.shape[1]))
+    return agg * scale
+
+
+def np_scale(q, normalization):
+    """std(Q) or mean |Q - mean Q| (+ 1e-5) over every entry of `q`, or 1."""
+    if normalization == "none":
+        return 1.0
+    deviation = q - q.mean()
+    return (np.sqrt(np.mean(deviation ** 2)) if normalization == "std" else np.mean(np.abs(deviation))) + 1e-5
+
+
+def awr_setup(c, state, rollout):
+    """Per device: the normalized replay rows and their validity, from the replay the epoch stored."""
+    config, trainer = c.config, c.trainer
+    before, replay = devices_of(state), devices_of(rollout).runner.replay
+    stats = before.obs_stats if config.normalize_obs else None
+    n_valid = int(replay.n_filled[0]) * config.num_steps * config.num_envs // config.n_devices
+    N = config.n_replay_epochs * config.num_steps * config.num_envs // config.n_devices
+    norm = lambda d, x: np.asarray(envs.normalize_obs(  # noqa: E731
+        None if stats is None else jax.tree.map(lambda s: s[d], stats), jnp.asarray(x.reshape((N,) + x.shape[3:]))))
+    rows = [dict(obs=norm(d, replay.data.obs[d]), final_obs=norm(d, replay.data.final_obs[d]),
+                 **{k: getattr(replay.data, k)[d].reshape((N,) + getattr(replay.data, k).shape[4:])
+                    for k in ("action", "reward", "terminated", "done", "inputs", "next_inputs")})
+            for d in range(config.n_devices)]
+    assert 0 < n_valid < N  # a slot still empty
+    dist = awr.make_distribution(trainer.env.action_space(trainer.env_params))
+    return before, replay, rows, n_valid, N, dist
+
+
+def np_returns_per_device(c, rows, next_values, N):
+    config = c.config
+    shape = (config.n_replay_epochs, config.num_steps, config.num_envs // config.n_devices)
+    out = []
+    for row, v in zip(rows, next_values):
+        r, term, done = (row[k].reshape(shape) for k in ("reward", "terminated", "done"))
+        out.append(np.stack([np_td_lambda(r[i], v.reshape(shape)[i], term[i], done[i], config.gamma, config.td_lambda)
+                             for i in range(shape[0])]).reshape(N))
+    return out
+
+
+def check_awr_ends(returns, rows, next_values, n_valid, gamma):
+    """At every stored episode end: G = r + gamma V(final observation) if truncated, r if terminated."""
+    term = np.concatenate([row["terminated"][:n_valid] for row in rows])
+    cut = np.concatenate([row["done"][:n_valid] for row in rows]) & ~term
+    assert cut.any() and term.any()
+    check_ends(np.concatenate([g[:n_valid] for g in returns]), np.concatenate([row["reward"][:n_valid] for row in rows]),
+               np.concatenate([v[:n_valid] for v in next_values]), term, cut, gamma)
+
+
+def np_weights(config, advantages, n_valid):
+    """Standardized over the valid rows of every device, then min(exp(A / beta), w_max)."""
+    valid = np.concatenate([a[:n_valid] for a in advantages])
+    mean, std = valid.mean(), valid.std()
+    if not config.no_normalize_advantages:
+        advantages = [(a - mean) / (std + 1e-8) for a in advantages]
+    return advantages, [np.minimum(np.exp(a / config.beta), config.w_max) for a in advantages], mean, std
+
+
+def check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std):
+    r = devices_of(rollout)
+    for d in range(len(returns)):
+        np.testing.assert_allclose(r.returns[d][:n_valid], returns[d][:n_valid], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(r.advantages[d][:n_valid], advantages[d][:n_valid], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(r.weights[d][:n_valid], weights[d][:n_valid], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(r.mask[d][:n_valid], mask[d][:n_valid], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r.advantage_mean[0], mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(r.advantage_std[0], std, rtol=1e-4, atol=1e-5)
+    assert (np.concatenate([w[:n_valid] for w in weights]) == r.weights.max()).any()  # some weights clip
+
+
+def check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid):
+    """The loss the epoch reports: policy_loss on the normalized replay rows of its minibatch (one step, each
+    device drawing its rows from its policy key), with the weights and mask recomputed here."""
+    config, r = c.config, devices_of(rollout)
+    dist = awr.make_distribution(c.trainer.env.action_space(c.trainer.env_params))
+    losses = []
+    for d, row in enumerate(rows):
+        idx = np.asarray(jax.random.randint(jax.random.split(r.policy_key[d], 1)[0], (config.policy_batch_size,), 0,
+                                            n_valid))
+        losses.append(awr.policy_loss(jax.tree.map(lambda x: x[d], before.runner.policy),
+                                      jnp.asarray(row["obs"][idx]), jnp.asarray(r.actions[d][idx]),
+                                      jnp.asarray(weights[d][idx], jnp.float32), jnp.asarray(mask[d][idx], jnp.float32),
+                                      jnp.asarray(r.log_mu[d][idx]), dist, config)[0])
+    np.testing.assert_allclose(metrics["loss/policy"][0, 0], np.mean(losses), rtol=1e-4, atol=1e-5)
+
+
+def test_awr_epoch():
+    flags = dict(AWR, normalize_obs=True)
+    c = awr_compiled(**flags)
+    state, rollout, metrics = awr_state(**flags)
+    before, replay, rows, n_valid, N, dist = awr_setup(c, state, rollout)
+    config, after = c.config, devices_of(rollout).runner
+    assert np.abs(before.obs_stats.var - 1).max() > 0.1
+    traj = devices_of(rollout).traj  # this epoch's steps, every device's environments side by side
+    cat = lambda x: np.concatenate(list(x), 1)  # noqa: E731  [D, T, B, ...] -> [T, D * B, ...]
+    check_cartpole_rollout(c.trainer.env, c.trainer.env_params, np.concatenate(before.runner.env_state.time),
+                           cat(traj.obs), cat(traj.action), cat(traj.reward), cat(traj.done), cat(traj.terminated),
+                           cat(traj.final_obs))
+
+    value = lambda params, d, obs: np.asarray(jax.vmap(awr.critic_net, (None, 0, None, None))(  # noqa: E731
+        jax.tree.map(lambda x: x[d], params), jnp.asarray(obs), None, config.activation))
+    # the critic's targets: TD(lambda) on V(final observation) of the critic before its update
+    next_values = [value(before.runner.critic, d, row["final_obs"]) for d, row in enumerate(rows)]
+    returns = np_returns_per_device(c, rows, next_values, N)
+    check_awr_ends(returns, rows, next_values, n_valid, config.gamma)
+    # the policy's advantages: G - V of the updated critic
+    new_next = [value(after.critic, d, row["final_obs"]) for d, row in enumerate(rows)]
+    new_returns = np_returns_per_device(c, rows, new_next, N)
+    advantages = [(g - value(after.critic, d, row["obs"]))[:, None] for d, (g, row) in enumerate(zip(new_returns, rows))]
+    advantages, weights, mean, std = np_weights(config, advantages, n_valid)
+    mask = [np.ones((N, 1))] * config.n_devices
+    check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std)
+    np.testing.assert_array_equal(devices_of(rollout).actions, np.stack([row["action"][:, None] for row in rows]))
+    check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid)
+
+
+@pytest.mark.parametrize("how, temperature, normalization", [
+    ("softmax", 0.5, "std"), ("mean", 1.0, "none"), ("max", 1.0, "abs"), ("logsumexp", 2.0, "std")])
+def test_sampling_awr_epoch(how, temperature, normalization):
+    """Every aggregate, with a temperature other than 1 and each q-normalization; the epoch of the first."""
+    base = awr_compiled(**SAMPLING)
+    state, _, metrics = awr_state(**SAMPLING)
+    flags = dict(SAMPLING, q_aggregate=how, q_temperature=temperature, q_normalization=normalization)
+    c = awr_compiled(**flags) if flags != SAMPLING else base
+    rollout = host(c.rollout(state))  # from the state of the first's two epochs
+    before, replay, rows, n_valid, N, dist = awr_setup(c, state, rollout)
+    config = c.config
+    A = dist.n
+    np.testing.assert_array_equal(devices_of(rollout).actions, np.broadcast_to(np.arange(A), (config.n_devices, N, A)))
+
+    codes = np.eye(A, dtype=np.float32)
+
+    def q_of(d, obs):  # Q(s, a) of the target copy (the critic before its update) for every action: [N, A]
+        params = jax.tree.map(lambda x: x[d], before.runner.critic)
+        q = jax.vmap(lambda o: jax.vmap(lambda a: awr.critic_net(params, o, a, config.activation))(jnp.asarray(codes)))
+        return np.asarray(q(jnp.asarray(obs)), np.float64)
+
+    q = [q_of(d, row["obs"]) for d, row in enumerate(rows)]
+    next_q = [q_of(d, row["final_obs"]) for d, row in enumerate(rows)]
+    log_mu = [np_log_softmax(row["inputs"].astype(np.float64)) for row in rows]
+    next_mu = [np.exp(np_log_softmax(row["next_inputs"].astype(np.float64))) for row in rows]
+    # the scale: over the filled rows of both devices
+    scale = np_scale(np.concatenate([nq[:n_valid] for nq in next_q]), normalization)
+    next_values = [np_aggregate(nq, mu, how, temperature, scale) for nq, mu in zip(next_q, next_mu)]
+    returns = np_returns_per_device(c, rows, next_values, N)
+    check_awr_ends(returns, rows, next_values, n_valid, config.gamma)
+    # A_k = Q_k - sum_k mu_k Q_k; the mask m_k = mu(a_k|s)
+    advantages = [qd - np.sum(np.exp(lm) * qd, 1, keepdims=True) for qd, lm in zip(q, log_mu)]
+    advantages, weights, mean, std = np_weights(config, advantages, n_valid)
+    mask = [np.exp(lm) for lm in log_mu]
+    r = devices_of(rollout)
+    for d in range(config.n_devices):
+        np.testing.assert_allclose(r.q[d][:n_valid], q[d][:n_valid], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(r.log_mu[d][:n_valid], log_mu[d][:n_valid], rtol=1e-4, atol=1e-5)
+    check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std)
+    if flags == SAMPLING:
+        check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid)
