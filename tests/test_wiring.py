@@ -11,6 +11,7 @@ bootstrap). The epochs run past the first with `--normalize-obs`, so the statist
 the identity, and the losses the epoch reports are the script's loss function on
 normalized observations.
 """
+import dataclasses
 import functools
 from unittest import mock
 
@@ -538,3 +539,22 @@ def test_sampling_awr_epoch(how, temperature, normalization):
     check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std)
     if flags == SAMPLING:
         check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid)
+
+
+def test_awr_reweight_carries_no_gradient():
+    """--reweight's rho = pi(a_k|s) / mu(a_k|s) weighs the epoch's replay rows as a number: the gradient is
+    that of the loss with the mask times rho held fixed."""
+    c = awr_compiled(**SAMPLING)
+    state, rollout, _ = awr_state(**SAMPLING)
+    before, _, rows, n_valid, _, dist = awr_setup(c, state, rollout)
+    config, r = c.config, devices_of(rollout)
+    params = jax.tree.map(lambda x: x[0], before.runner.policy)
+    obs, actions, weights, mask, log_mu = (jnp.asarray(x[:n_valid]) for x in (rows[0]["obs"], r.actions[0], r.weights[0],
+                                                                             r.mask[0], r.log_mu[0]))
+    inputs = np.asarray(jax.vmap(awr.policy_net, (None, 0, None, None))(params, obs, dist, config.activation))
+    rho = np.exp(np_log_softmax(inputs.astype(np.float64)) - np.asarray(log_mu))  # actions: every one, in order
+    loss = lambda p: awr.policy_loss(p, obs, actions, weights, mask, log_mu, dist, config)[0]  # noqa: E731
+    fixed = lambda p: awr.policy_loss(p, obs, actions, weights, mask * jnp.asarray(rho, jnp.float32), log_mu,  # noqa
+                                      dist, dataclasses.replace(config, reweight=False))[0]
+    np.testing.assert_allclose(loss(params), fixed(params), rtol=1e-5)
+    chex.assert_trees_all_close(jax.grad(loss)(params), jax.grad(fixed)(params), rtol=1e-4, atol=1e-6)
