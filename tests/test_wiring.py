@@ -422,8 +422,9 @@ def np_returns_per_device(c, rows, next_values, N):
     return out
 
 
-def check_awr_ends(returns, rows, next_values, n_valid, gamma):
-    """At every stored episode end: G = r + gamma V(final observation) if truncated, r if terminated."""
+def check_awr_ends(rollout, rows, next_values, n_valid, gamma):
+    """At every stored episode end the epoch's G = r + gamma V(final observation) if truncated, r if terminated."""
+    returns = devices_of(rollout).returns
     term = np.concatenate([row["terminated"][:n_valid] for row in rows])
     cut = np.concatenate([row["done"][:n_valid] for row in rows]) & ~term
     assert cut.any() and term.any()
@@ -486,7 +487,7 @@ def test_awr_epoch():
     # the critic's targets: TD(lambda) on V(final observation) of the critic before its update
     next_values = [value(before.runner.critic, d, row["final_obs"]) for d, row in enumerate(rows)]
     returns = np_returns_per_device(c, rows, next_values, N)
-    check_awr_ends(returns, rows, next_values, n_valid, config.gamma)
+    check_awr_ends(rollout, rows, next_values, n_valid, config.gamma)
     # the policy's advantages: G - V of the updated critic
     new_next = [value(after.critic, d, row["final_obs"]) for d, row in enumerate(rows)]
     new_returns = np_returns_per_device(c, rows, new_next, N)
@@ -527,7 +528,7 @@ def test_sampling_awr_epoch(how, temperature, normalization):
     scale = np_scale(np.concatenate([nq[:n_valid] for nq in next_q]), normalization)
     next_values = [np_aggregate(nq, mu, how, temperature, scale) for nq, mu in zip(next_q, next_mu)]
     returns = np_returns_per_device(c, rows, next_values, N)
-    check_awr_ends(returns, rows, next_values, n_valid, config.gamma)
+    check_awr_ends(rollout, rows, next_values, n_valid, config.gamma)
     # A_k = Q_k - sum_k mu_k Q_k; the mask m_k = mu(a_k|s)
     advantages = [qd - np.sum(np.exp(lm) * qd, 1, keepdims=True) for qd, lm in zip(q, log_mu)]
     advantages, weights, mean, std = np_weights(config, advantages, n_valid)
