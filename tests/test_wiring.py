@@ -42,7 +42,7 @@ def first(tree):
 
 
 class Compiled:
-    """A script's trainer on CartPole-v1 cut at TIME_LIMIT steps: init, epoch and rollout compiled."""
+    """A script's trainer on CartPole-v1 cut at TIME_LIMIT steps: init and rollout compiled, epoch when first used."""
 
     def __init__(self, module, config):
         make_env = envs.make_env
@@ -57,10 +57,14 @@ class Compiled:
         keys = devices.seed_keys(jax.random.PRNGKey(3), config.num_seeds, config.n_devices)
         init = devices.compile_init(self.trainer.init).lower(keys)
         self.init = functools.partial(init.compile(run.FAST_COMPILE), keys)
-        self.epoch = devices.compile_epoch(self.trainer.epoch, config.n_devices, donate=False).lower(
-            init.out_info).compile(run.FAST_COMPILE)
+        self.state_info = init.out_info
         self.rollout = devices.compile_epoch(self.trainer.rollout, config.n_devices, donate=False).lower(
             init.out_info).compile(run.FAST_COMPILE)
+
+    @functools.cached_property
+    def epoch(self):
+        return devices.compile_epoch(self.trainer.epoch, self.config.n_devices, donate=False).lower(
+            self.state_info).compile(run.FAST_COMPILE)
 
     def state_after_warmup(self):
         state = self.init()
@@ -441,7 +445,7 @@ def np_weights(config, advantages, n_valid):
     return advantages, [np.minimum(np.exp(a / config.beta), config.w_max) for a in advantages], mean, std
 
 
-def check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std):
+def check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std, w_max):
     r = devices_of(rollout)
     for d in range(len(returns)):
         np.testing.assert_allclose(r.returns[d][:n_valid], returns[d][:n_valid], rtol=1e-4, atol=1e-4)
@@ -450,7 +454,7 @@ def check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean
         np.testing.assert_allclose(r.mask[d][:n_valid], mask[d][:n_valid], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(r.advantage_mean[0], mean, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(r.advantage_std[0], std, rtol=1e-4, atol=1e-5)
-    assert (np.concatenate([w[:n_valid] for w in weights]) == r.weights.max()).any()  # some weights clip
+    assert np.isclose(np.concatenate([w[:n_valid] for w in weights]), w_max).any()  # some weights clip
 
 
 def check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid):
@@ -494,7 +498,7 @@ def test_awr_epoch():
     advantages = [(g - value(after.critic, d, row["obs"]))[:, None] for d, (g, row) in enumerate(zip(new_returns, rows))]
     advantages, weights, mean, std = np_weights(config, advantages, n_valid)
     mask = [np.ones((N, 1))] * config.n_devices
-    check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std)
+    check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std, config.w_max)
     np.testing.assert_array_equal(devices_of(rollout).actions, np.stack([row["action"][:, None] for row in rows]))
     check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid)
 
@@ -537,7 +541,7 @@ def test_sampling_awr_epoch(how, temperature, normalization):
     for d in range(config.n_devices):
         np.testing.assert_allclose(r.q[d][:n_valid], q[d][:n_valid], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(r.log_mu[d][:n_valid], log_mu[d][:n_valid], rtol=1e-4, atol=1e-5)
-    check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std)
+    check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std, config.w_max)
     if flags == SAMPLING:
         check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid)
 
