@@ -398,21 +398,20 @@ def np_scale(q, normalization):
 
 
 def awr_setup(c, state, rollout):
-    """Per device: the normalized replay rows and their validity, from the replay the epoch stored."""
+    """Per device: the replay rows the epoch stored, observations normalized, and how many are filled."""
     config, trainer = c.config, c.trainer
     before, replay = devices_of(state), devices_of(rollout).runner.replay
-    stats = before.obs_stats if config.normalize_obs else None
     n_valid = int(replay.n_filled[0]) * config.num_steps * config.num_envs // config.n_devices
     N = config.n_replay_epochs * config.num_steps * config.num_envs // config.n_devices
     norm = lambda d, x: np.asarray(envs.normalize_obs(  # noqa: E731
-        None if stats is None else jax.tree.map(lambda s: s[d], stats), jnp.asarray(x.reshape((N,) + x.shape[3:]))))
+        jax.tree.map(lambda s: s[d], before.obs_stats), jnp.asarray(x.reshape((N,) + x.shape[3:]))))
     rows = [dict(obs=norm(d, replay.data.obs[d]), final_obs=norm(d, replay.data.final_obs[d]),
                  **{k: getattr(replay.data, k)[d].reshape((N,) + getattr(replay.data, k).shape[4:])
                     for k in ("action", "reward", "terminated", "done", "inputs", "next_inputs")})
             for d in range(config.n_devices)]
     assert 0 < n_valid < N  # a slot still empty
     dist = awr.make_distribution(trainer.env.action_space(trainer.env_params))
-    return before, replay, rows, n_valid, N, dist
+    return before, rows, n_valid, N, dist
 
 
 def np_returns_per_device(c, rows, next_values, N):
@@ -432,16 +431,16 @@ def check_awr_ends(rollout, rows, next_values, n_valid, gamma):
     term = np.concatenate([row["terminated"][:n_valid] for row in rows])
     cut = np.concatenate([row["done"][:n_valid] for row in rows]) & ~term
     assert cut.any() and term.any()
-    check_ends(np.concatenate([g[:n_valid] for g in returns]), np.concatenate([row["reward"][:n_valid] for row in rows]),
+    check_ends(np.concatenate([g[:n_valid] for g in returns]),
+               np.concatenate([row["reward"][:n_valid] for row in rows]),
                np.concatenate([v[:n_valid] for v in next_values]), term, cut, gamma)
 
 
 def np_weights(config, advantages, n_valid):
-    """Standardized over the valid rows of every device, then min(exp(A / beta), w_max)."""
+    """Standardized over the valid rows of every device (the default), then min(exp(A / beta), w_max)."""
     valid = np.concatenate([a[:n_valid] for a in advantages])
     mean, std = valid.mean(), valid.std()
-    if not config.no_normalize_advantages:
-        advantages = [(a - mean) / (std + 1e-8) for a in advantages]
+    advantages = [(a - mean) / (std + 1e-8) for a in advantages]
     return advantages, [np.minimum(np.exp(a / config.beta), config.w_max) for a in advantages], mean, std
 
 
@@ -477,7 +476,7 @@ def test_awr_epoch():
     flags = dict(AWR, normalize_obs=True)
     c = awr_compiled(**flags)
     state, rollout, metrics = awr_state(**flags)
-    before, replay, rows, n_valid, N, dist = awr_setup(c, state, rollout)
+    before, rows, n_valid, N, dist = awr_setup(c, state, rollout)
     config, after = c.config, devices_of(rollout).runner
     assert np.abs(before.obs_stats.var - 1).max() > 0.1
     traj = devices_of(rollout).traj  # this epoch's steps, every device's environments side by side
@@ -495,7 +494,8 @@ def test_awr_epoch():
     # the policy's advantages: G - V of the updated critic
     new_next = [value(after.critic, d, row["final_obs"]) for d, row in enumerate(rows)]
     new_returns = np_returns_per_device(c, rows, new_next, N)
-    advantages = [(g - value(after.critic, d, row["obs"]))[:, None] for d, (g, row) in enumerate(zip(new_returns, rows))]
+    advantages = [(g - value(after.critic, d, row["obs"]))[:, None]
+                  for d, (g, row) in enumerate(zip(new_returns, rows))]
     advantages, weights, mean, std = np_weights(config, advantages, n_valid)
     mask = [np.ones((N, 1))] * config.n_devices
     check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std, config.w_max)
@@ -512,7 +512,7 @@ def test_sampling_awr_epoch(how, temperature, normalization):
     flags = dict(SAMPLING, q_aggregate=how, q_temperature=temperature, q_normalization=normalization)
     c = awr_compiled(**flags) if flags != SAMPLING else base
     rollout = host(c.rollout(state))  # from the state of the first's two epochs
-    before, replay, rows, n_valid, N, dist = awr_setup(c, state, rollout)
+    before, rows, n_valid, N, dist = awr_setup(c, state, rollout)
     config = c.config
     A = dist.n
     np.testing.assert_array_equal(devices_of(rollout).actions, np.broadcast_to(np.arange(A), (config.n_devices, N, A)))
@@ -551,11 +551,11 @@ def test_awr_reweight_carries_no_gradient():
     that of the loss with the mask times rho held fixed."""
     c = awr_compiled(**SAMPLING)
     state, rollout, _ = awr_state(**SAMPLING)
-    before, _, rows, n_valid, _, dist = awr_setup(c, state, rollout)
+    before, rows, n_valid, _, dist = awr_setup(c, state, rollout)
     config, r = c.config, devices_of(rollout)
     params = jax.tree.map(lambda x: x[0], before.runner.policy)
-    obs, actions, weights, mask, log_mu = (jnp.asarray(x[:n_valid]) for x in (rows[0]["obs"], r.actions[0], r.weights[0],
-                                                                             r.mask[0], r.log_mu[0]))
+    obs, actions, weights, mask, log_mu = (jnp.asarray(x[:n_valid]) for x in (
+        rows[0]["obs"], r.actions[0], r.weights[0], r.mask[0], r.log_mu[0]))
     inputs = np.asarray(jax.vmap(awr.policy_net, (None, 0, None, None))(params, obs, dist, config.activation))
     rho = np.exp(np_log_softmax(inputs.astype(np.float64)) - np.asarray(log_mu))  # actions: every one, in order
     loss = lambda p: awr.policy_loss(p, obs, actions, weights, mask, log_mu, dist, config)[0]  # noqa: E731
