@@ -199,6 +199,17 @@ class Transition(NamedTuple):
     greedy_action: jax.Array  # mode of pi_old(. | s_t), for the preferred_move metric
 
 
+class Rollout(NamedTuple):
+    """An epoch before its updates: the runner after T steps and what the updates train on."""
+
+    runner: RunnerState
+    obs_stats: envs.ObsStats | None  # --normalize-obs: the statistics the networks normalize with
+    value_params: dict  # the value net's, its first --n-shared-layers the policy's
+    traj: Transition  # [T, B, ...] as collected (raw observations)
+    advantages: jax.Array  # [T, B]
+    targets: jax.Array  # [T, B] V_old + A
+
+
 class Batch(NamedTuple):
     obs: jax.Array
     action: jax.Array
@@ -401,7 +412,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
         return jax.lax.scan(train_step, (params, opt_state), order)
 
-    def epoch(state):
+    def rollout(state) -> Rollout:
         # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs.
         runner, obs_stats = state if config.normalize_obs else (state, None)
         norm = lambda obs: envs.normalize_obs(obs_stats, obs)  # noqa: E731  (off: the identity)
@@ -423,15 +434,18 @@ def make_trainer(config: Config) -> run.Trainer:
 
         runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
-        raw_obs = traj.obs
-        traj = traj._replace(obs=norm(traj.obs), final_obs=norm(traj.final_obs))  # what the networks saw
 
         # ADVANTAGES: the chosen estimator on V(s_t) and V(s'_t), bootstrapping truncations.
-        values = value_scale * values_of(value_params, traj.obs, config.activation)
-        next_values = value_scale * values_of(value_params, traj.final_obs, config.activation)
+        values = value_scale * values_of(value_params, norm(traj.obs), config.activation)
+        next_values = value_scale * values_of(value_params, norm(traj.final_obs), config.activation)
         advantages, targets = estimate(traj.reward, values, next_values, traj.terminated, traj.done)
+        return Rollout(runner, obs_stats, value_params, traj, advantages, targets)
+
+    def epoch(state):
+        runner, obs_stats, value_params, traj, advantages, targets = rollout(state)
         flat = lambda x: x.reshape((rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
-        batch = jax.tree.map(flat, Batch(traj.obs, traj.action, traj.log_prob, advantages, targets))
+        obs = envs.normalize_obs(obs_stats, traj.obs)  # what the networks saw
+        batch = jax.tree.map(flat, Batch(obs, traj.action, traj.log_prob, advantages, targets))
 
         # UPDATE: the value net on V + A, then the policy on A (both from V before this update);
         # each network with its own steps, batch size and optimizer.
@@ -454,7 +468,7 @@ def make_trainer(config: Config) -> run.Trainer:
         runner = runner._replace(policy_params=policy_params, value_params=value_params,
                                  policy_opt_state=policy_opt_state, value_opt_state=value_opt_state, key=key)
         if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
-            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, raw_obs)), metrics
+            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, traj.obs)), metrics
         return runner, metrics
 
     def act(params, obs, key):
@@ -468,7 +482,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
     return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       loss_key="loss/policy")
+                       loss_key="loss/policy", rollout=rollout)
 
 
 if __name__ == "__main__":

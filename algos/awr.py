@@ -195,6 +195,26 @@ class RunnerState(NamedTuple):
     key: jax.Array  # differs per device
 
 
+class Rollout(NamedTuple):
+    """An epoch before its policy update: the runner (this epoch in the replay, the critic updated) and what
+    the policy update trains on. `[N, K]` arrays span the N = m T B replay rows, K actions each."""
+
+    runner: RunnerState
+    obs_stats: envs.ObsStats | None  # --normalize-obs: the statistics the networks normalize with
+    traj: Transition  # [T, B, ...] this epoch's steps as collected (raw observations)
+    returns: jax.Array  # [N] TD(lambda) targets of the critic's update, from the critic before it
+    actions: jax.Array  # [N, K, ...] the taken action (plain AWR), or the K actions per state
+    log_mu: jax.Array  # [N, K] log mu(a_k|s) (plain AWR: 0)
+    q: jax.Array  # [N, K] Q(s, a_k) of the target copy (plain AWR: V(s))
+    advantages: jax.Array  # [N, K] standardized (unless --no-normalize-advantages)
+    advantage_mean: jax.Array  # [] before standardizing, over the valid rows of every device
+    advantage_std: jax.Array  # []
+    weights: jax.Array  # [N, K] min(exp(A / beta), w_max)
+    mask: jax.Array  # [N, K] m_k: mu(a_k|s) when every action is enumerated, else 1
+    critic_metrics: dict  # per critic step
+    policy_key: jax.Array
+
+
 # ----------------------------------------------------------------------------
 # Pure math
 # ----------------------------------------------------------------------------
@@ -398,7 +418,26 @@ def make_trainer(config: Config) -> run.Trainer:
             advantages = (returns - values)[:, None]
         return returns, actions, advantages, log_mu, q
 
-    def epoch(state):
+    def valid_rows(replay: Replay):
+        """Slots past n_filled are empty: minibatches draw from the first n_filled * T * B transitions."""
+        n_valid = replay.n_filled * T * envs_per_device
+        return jnp.arange(n_buffer) < n_valid, n_valid
+
+    def masked_mean(x, valid):  # over the valid rows of an [N, K] array
+        mask = valid[:, None].astype(jnp.float32)
+        return jnp.sum(x * mask) / jnp.sum(mask) / K
+
+    def sgd_step(loss_fn, tx, batch_size: int, n_valid):
+        def step(carry, key):
+            params, opt_state = carry
+            idx = jax.random.randint(key, (batch_size,), 0, n_valid)
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, idx)
+            grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), {**aux, "grad_norm": optax.tree.norm(grads)}
+        return step
+
+    def rollout(state) -> Rollout:
         # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs
         # (the replay holds raw ones: every stored epoch is normalized with the same, current, statistics).
         runner, obs_stats = state if config.normalize_obs else (state, None)
@@ -426,9 +465,7 @@ def make_trainer(config: Config) -> run.Trainer:
         replay = replay_push(runner.replay, traj)
         data = replay.data._replace(obs=norm(replay.data.obs), final_obs=norm(replay.data.final_obs))
         key, target_key, critic_key, policy_key = jax.random.split(runner.key, 4)
-        # Slots past n_filled are empty: minibatches draw from the first n_filled * T * B transitions.
-        n_valid = replay.n_filled * T * envs_per_device
-        valid = jnp.arange(n_buffer) < n_valid
+        valid, n_valid = valid_rows(replay)
         flat_data = jax.tree.map(lambda x: x.reshape((n_buffer,) + x.shape[3:]), data)
 
         # TARGETS: TD(lambda) over every stored epoch with the critic as it is now
@@ -442,64 +479,59 @@ def make_trainer(config: Config) -> run.Trainer:
             loss = jnp.mean((pred - returns[idx]) ** 2)
             return loss, {"loss/value": loss}
 
-        def sgd_step(loss_fn, tx, batch_size):
-            def step(carry, key):
-                params, opt_state = carry
-                idx = jax.random.randint(key, (batch_size,), 0, n_valid)
-                (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, idx)
-                grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
-                updates, opt_state = tx.update(grads, opt_state, params)
-                return (optax.apply_updates(params, updates), opt_state), {**aux, "grad_norm": optax.tree.norm(grads)}
-            return step
-
         (critic_params, critic_opt), critic_metrics = jax.lax.scan(
-            sgd_step(critic_loss, critic_tx, config.value_batch_size), (runner.critic, runner.critic_opt),
+            sgd_step(critic_loss, critic_tx, config.value_batch_size, n_valid), (runner.critic, runner.critic_opt),
             jax.random.split(critic_key, config.value_steps))
 
         # ADVANTAGES: plain AWR recomputes them with the updated critic (A = G - V);
         # Sampling AWR keeps the target copy's A_k = Q(s, a_k) - V(s).
         if not config.q_value:
-            returns, actions, advantages, log_mu, _ = targets_and_samples(critic_params, data, valid, target_key)
+            _, actions, advantages, log_mu, _ = targets_and_samples(critic_params, data, valid, target_key)
         # Standardized over the valid replay of every device.
-        mask = valid[:, None].astype(jnp.float32)
-        masked_mean = lambda x: jnp.sum(x * mask) / jnp.sum(mask) / K  # noqa: E731
-        mean = jax.lax.pmean(masked_mean(advantages), devices.DEVICE_AXIS)
-        var = jax.lax.pmean(masked_mean((advantages - mean) ** 2), devices.DEVICE_AXIS)
+        mean = jax.lax.pmean(masked_mean(advantages, valid), devices.DEVICE_AXIS)
+        var = jax.lax.pmean(masked_mean((advantages - mean) ** 2, valid), devices.DEVICE_AXIS)
         if not config.no_normalize_advantages:
             advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
-        weights = awr_weights(advantages, config.beta, config.w_max)
         # The mask m_k: mu(a_k|s) when every action is enumerated, else 1.
         sample_mask = jnp.exp(log_mu) if enumerate_all else jnp.ones_like(log_mu)
+        runner = runner._replace(critic=critic_params, critic_opt=critic_opt, replay=replay, key=key)
+        return Rollout(runner, obs_stats, traj, returns, actions, log_mu, q, advantages, mean, jnp.sqrt(var),
+                       awr_weights(advantages, config.beta, config.w_max), sample_mask, critic_metrics, policy_key)
+
+    def epoch(state):
+        r = rollout(state)
+        runner = r.runner
+        valid, n_valid = valid_rows(runner.replay)
+        obs = envs.normalize_obs(r.obs_stats, runner.replay.data.obs).reshape((n_buffer,) + obs_shape)
 
         # UPDATE (policy): weighted log-likelihood of the K actions per state.
         policy_step = sgd_step(
-            lambda p, idx: policy_loss(p, flat_data.obs[idx], actions[idx], weights[idx], sample_mask[idx],
-                                       log_mu[idx], dist, config),
-            policy_tx, config.policy_batch_size)
+            lambda p, idx: policy_loss(p, obs[idx], r.actions[idx], r.weights[idx], r.mask[idx], r.log_mu[idx],
+                                       dist, config),
+            policy_tx, config.policy_batch_size, n_valid)
         (policy, policy_opt), policy_metrics = jax.lax.scan(
-            policy_step, (runner.policy, runner.policy_opt), jax.random.split(policy_key, config.policy_steps))
+            policy_step, (runner.policy, runner.policy_opt), jax.random.split(r.policy_key, config.policy_steps))
 
         # METRICS: scalar means over the valid replay, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in policy_metrics.items() if k != "grad_norm"}
         metrics.update({
-            "loss/value": jnp.mean(critic_metrics["loss/value"]),
+            "loss/value": jnp.mean(r.critic_metrics["loss/value"]),
             "optim/policy_grad_norm": jnp.mean(policy_metrics["grad_norm"]),
-            "optim/value_grad_norm": jnp.mean(critic_metrics["grad_norm"]),
-            "awr/advantage_mean": mean,
-            "awr/advantage_std": jnp.sqrt(var),
-            "awr/weight_mean": masked_mean(weights),
-            "awr/weight_max": jnp.max(jnp.where(valid[:, None], weights, 0.0)),
-            "awr/weight_clipped_fraction": masked_mean(advantages / config.beta >= jnp.log(config.w_max)),
+            "optim/value_grad_norm": jnp.mean(r.critic_metrics["grad_norm"]),
+            "awr/advantage_mean": r.advantage_mean,
+            "awr/advantage_std": r.advantage_std,
+            "awr/weight_mean": masked_mean(r.weights, valid),
+            "awr/weight_max": jnp.max(jnp.where(valid[:, None], r.weights, 0.0)),
+            "awr/weight_clipped_fraction": masked_mean(r.advantages / config.beta >= jnp.log(config.w_max), valid),
             "replay/size": (n_valid * n_devices).astype(jnp.float32),  # transitions stored, all devices
         })
         if config.q_value:
-            metrics["q/mean"] = masked_mean(q)
+            metrics["q/mean"] = masked_mean(r.q, valid)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        runner = runner._replace(policy=policy, critic=critic_params, policy_opt=policy_opt, critic_opt=critic_opt,
-                                 replay=replay, key=key)
+        runner = runner._replace(policy=policy, policy_opt=policy_opt)
         if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
-            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, traj.obs)), metrics
+            return envs.Normalized(runner, envs.update_obs_stats(r.obs_stats, r.traj.obs)), metrics
         return runner, metrics
 
     def act(params, obs, key):
@@ -512,7 +544,8 @@ def make_trainer(config: Config) -> run.Trainer:
         return (state.runner.policy, state.obs_stats) if config.normalize_obs else state.policy
 
     return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env, env_params=env_params,
-                       steps_per_epoch=steps_per_epoch, num_epochs=num_epochs, loss_key="loss/policy")
+                       steps_per_epoch=steps_per_epoch, num_epochs=num_epochs, loss_key="loss/policy",
+                       rollout=rollout)
 
 
 if __name__ == "__main__":

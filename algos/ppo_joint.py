@@ -133,6 +133,16 @@ class Transition(NamedTuple):
     greedy_action: jax.Array  # mode of pi_old(. | s_t), for the preferred_move metric
 
 
+class Rollout(NamedTuple):
+    """An epoch before its update: the runner after T steps and what the update trains on."""
+
+    runner: RunnerState
+    obs_stats: envs.ObsStats | None  # --normalize-obs: the statistics the networks normalize with
+    traj: Transition  # [T, B, ...] as collected (raw observations)
+    advantages: jax.Array  # [T, B]
+    targets: jax.Array  # [T, B] R = A + V_old
+
+
 class Batch(NamedTuple):
     obs: jax.Array
     action: jax.Array
@@ -234,7 +244,7 @@ def make_trainer(config: Config) -> run.Trainer:
                              run_key)
         return envs.Normalized(runner, envs.init_obs_stats(obs.shape[1:])) if config.normalize_obs else runner
 
-    def epoch(state):
+    def rollout(state) -> Rollout:
         # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs.
         runner, obs_stats = state if config.normalize_obs else (state, None)
         norm = lambda obs: envs.normalize_obs(obs_stats, obs)  # noqa: E731  (off: the identity)
@@ -256,17 +266,20 @@ def make_trainer(config: Config) -> run.Trainer:
 
         runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
-        raw_obs = traj.obs
-        traj = traj._replace(obs=norm(traj.obs), final_obs=norm(traj.final_obs))  # what the networks saw
 
         # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations.
-        _, next_values = jax.vmap(net, (None, 0, None, None))(runner.params, traj.final_obs, dist,
+        _, next_values = jax.vmap(net, (None, 0, None, None))(runner.params, norm(traj.final_obs), dist,
                                                                config.activation)
         lam = 1.0 if config.advantage == "monte-carlo" else config.gae_lambda
         advantages, targets = gae(traj.reward, traj.value, next_values, traj.terminated, traj.done,
                                   config.gamma, lam)
+        return Rollout(runner, obs_stats, traj, advantages, targets)
+
+    def epoch(state):
+        runner, obs_stats, traj, advantages, targets = rollout(state)
         flat = lambda x: x.reshape((batch_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
-        batch = jax.tree.map(flat, Batch(traj.obs, traj.action, traj.log_prob, advantages, targets))
+        obs = envs.normalize_obs(obs_stats, traj.obs)  # what the networks saw
+        batch = jax.tree.map(flat, Batch(obs, traj.action, traj.log_prob, advantages, targets))
 
         # UPDATE: update_epochs passes of num_minibatches Adam steps; gradients
         # averaged over devices.
@@ -296,7 +309,7 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
         runner = runner._replace(params=params, opt_state=opt_state, key=key)
         if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
-            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, raw_obs)), metrics
+            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, traj.obs)), metrics
         return runner, metrics
 
     def act(params, obs, key):
@@ -310,7 +323,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
     return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       loss_key="loss/joint")
+                       loss_key="loss/joint", rollout=rollout)
 
 
 if __name__ == "__main__":

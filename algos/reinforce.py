@@ -116,6 +116,16 @@ class Transition(NamedTuple):
     greedy_action: jax.Array  # mode of pi_old(. | s_t), for the preferred_move metric
 
 
+class Rollout(NamedTuple):
+    """An epoch before its update: the runner after T steps and what the update trains on."""
+
+    runner: RunnerState
+    obs_stats: envs.ObsStats | None  # --normalize-obs: the statistics the network normalizes with
+    traj: Transition  # [T, B, ...] as collected (raw observations)
+    weights: jax.Array  # [T, B] G_t - b
+    return_mean: jax.Array  # [] mean G_t of every device's rollout
+
+
 class Batch(NamedTuple):
     obs: jax.Array
     action: jax.Array
@@ -208,7 +218,7 @@ def make_trainer(config: Config) -> run.Trainer:
                              run_key)
         return envs.Normalized(runner, envs.init_obs_stats(obs.shape[1:])) if config.normalize_obs else runner
 
-    def epoch(state):
+    def rollout(state) -> Rollout:
         # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs.
         runner, obs_stats = state if config.normalize_obs else (state, None)
         norm = lambda obs: envs.normalize_obs(obs_stats, obs)  # noqa: E731  (off: the identity)
@@ -229,14 +239,17 @@ def make_trainer(config: Config) -> run.Trainer:
 
         runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
-        raw_obs = traj.obs
-        traj = traj._replace(obs=norm(traj.obs))  # what the network saw
 
         # TARGETS: returns to the episode's end within the rollout, minus the baseline.
         returns = discounted_returns(traj.reward, traj.done, config.gamma)
         weights, return_mean = returns_weights(returns, config.baseline)
+        return Rollout(runner, obs_stats, traj, weights, return_mean)
+
+    def epoch(state):
+        runner, obs_stats, traj, weights, return_mean = rollout(state)
         flat = lambda x: x.reshape((rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
-        batch = jax.tree.map(flat, Batch(traj.obs, traj.action, traj.log_prob, weights))
+        obs = envs.normalize_obs(obs_stats, traj.obs)  # what the network saw
+        batch = jax.tree.map(flat, Batch(obs, traj.action, traj.log_prob, weights))
 
         # UPDATE: train_steps Adam steps on random batches; gradients averaged over devices.
         def train_step(carry, key):
@@ -262,7 +275,7 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
         runner = runner._replace(params=params, opt_state=opt_state, key=key)
         if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
-            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, raw_obs)), metrics
+            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, traj.obs)), metrics
         return runner, metrics
 
     def act(params, obs, key):
@@ -276,7 +289,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
     return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       loss_key="loss/policy")
+                       loss_key="loss/policy", rollout=rollout)
 
 
 if __name__ == "__main__":

@@ -280,6 +280,16 @@ class Transition(NamedTuple):
     greedy_action: jax.Array  # mode of pi_old(. | s_t), for the preferred_move metric
 
 
+class Rollout(NamedTuple):
+    """An epoch before its update: the runner after T steps and what the update trains on."""
+
+    runner: RunnerState
+    obs_stats: envs.ObsStats | None  # --normalize-obs: the statistics the network normalizes with
+    traj: Transition  # [T, B, ...] as collected (raw windows)
+    advantages: jax.Array  # [T, B]
+    targets: jax.Array  # [T, B] R = A + V_old
+
+
 class Batch(NamedTuple):
     obs: jax.Array
     action: jax.Array
@@ -366,6 +376,7 @@ def make_trainer(config: Config) -> run.Trainer:
     clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
+    flat = lambda x: x.reshape((batch_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
 
     def init(key):
         param_key, depth_key, env_key = jax.random.split(key, 3)  # same on every device
@@ -376,7 +387,7 @@ def make_trainer(config: Config) -> run.Trainer:
                              jnp.int32(0), depth_key, run_key)
         return envs.Normalized(runner, envs.init_obs_stats((env.obs_dim,))) if config.normalize_obs else runner
 
-    def epoch(state):
+    def rollout(state) -> Rollout:
         # --normalize-obs: the network sees windows normalized with the statistics of earlier epochs.
         runner, obs_stats = state if config.normalize_obs else (state, None)
         norm = lambda window: normalize_window(obs_stats, window)  # noqa: E731  (off: the identity)
@@ -398,15 +409,17 @@ def make_trainer(config: Config) -> run.Trainer:
 
         runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
-        raw_obs = traj.obs
-        traj = traj._replace(obs=norm(traj.obs), final_obs=norm(traj.final_obs))  # what the network saw
 
         # ADVANTAGES: GAE, bootstrapping truncations from the window of the final observation.
-        flat = lambda x: x.reshape((batch_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
-        next_values = network(runner.params, flat(traj.final_obs), dist, config)[1].reshape(traj.value.shape)
+        next_values = network(runner.params, flat(norm(traj.final_obs)), dist, config)[1].reshape(traj.value.shape)
         advantages, targets = gae(traj.reward, traj.value, next_values, traj.terminated, traj.done,
                                   config.gamma, config.gae_lambda)
-        batch = jax.tree.map(flat, Batch(traj.obs, traj.action, traj.log_prob, advantages, targets))
+        return Rollout(runner, obs_stats, traj, advantages, targets)
+
+    def epoch(state):
+        runner, obs_stats, traj, advantages, targets = rollout(state)
+        obs = normalize_window(obs_stats, traj.obs)  # what the network saw
+        batch = jax.tree.map(flat, Batch(obs, traj.action, traj.log_prob, advantages, targets))
 
         # UPDATE: update_epochs passes of num_minibatches Adam steps, each running ONE random depth drawn
         # from depth_key: the same key on every device, and the first seed's draw serves every seed
@@ -447,7 +460,7 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
         runner = runner._replace(params=params, opt_state=opt_state, skip_step=skip_step, key=key)
         if config.normalize_obs:  # this epoch's observations (each window's newest), every device's, join them
-            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, raw_obs[:, :, -1, :-1])), metrics
+            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, traj.obs[:, :, -1, :-1])), metrics
         return runner, metrics
 
     def act(params, obs, key):
@@ -459,7 +472,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
     return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       loss_key="loss/joint")
+                       loss_key="loss/joint", rollout=rollout)
 
 
 # ----------------------------------------------------------------------------

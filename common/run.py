@@ -344,6 +344,9 @@ class Trainer(NamedTuple):
     that observes through a window of past observations (skip_transformer's
     `ContextWindow`) has `observe(window, obs, first) -> window`, `window_shape`
     and `raw_obs_shape`, so that `load_agent` can keep windows for a caller.
+    `rollout(state)`, where a script has it, returns what `epoch(state)` computes before
+    its update (the rollout and its targets) from the same code, so that tests can check
+    the epoch's wiring; it runs under `devices.compile_epoch` as `epoch` does.
     """
 
     init: Callable
@@ -355,6 +358,7 @@ class Trainer(NamedTuple):
     steps_per_epoch: int  # environment steps of one seed in one epoch, all devices
     num_epochs: int
     loss_key: str  # metric that must stay finite
+    rollout: Callable | None = None
 
 
 # ----------------------------------------------------------------------------
