@@ -307,8 +307,7 @@ def make_trainer(config: Config) -> run.Trainer:
         return (state.runner.params, state.obs_stats) if config.normalize_obs else state.params
 
     return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
-                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       loss_key="loss/joint")
+                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs)
 
 
 if __name__ == "__main__":

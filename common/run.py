@@ -269,8 +269,7 @@ class Trainer(NamedTuple):
     env: Any
     env_params: Any
     steps_per_epoch: int  # environment steps of one seed in one epoch, all devices
-    num_epochs: int
-    loss_key: str  # metric that must stay finite
+    num_epochs: int  # every `loss/*` metric must stay finite
 
 
 # ----------------------------------------------------------------------------
@@ -698,10 +697,11 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
             train_time += chunk_time
             for j, record in enumerate(records):
                 epoch += 1
-                if not math.isfinite(record[trainer.loss_key]):
+                diverged = [f"{k} is {v}" for k, v in record.items() if k.startswith("loss/") and not math.isfinite(v)]
+                if diverged:  # any loss term: a NaN value loss reaches the policy loss only epochs later
                     saved = latest_checkpoint(ckpt_dir)
                     raise SystemExit(
-                        f"{trainer.loss_key} is {record[trainer.loss_key]} at epoch {epoch}: training diverged. "
+                        f"{', '.join(diverged)} at epoch {epoch}: training diverged. "
                         f"Last good checkpoint: {saved or 'none'}. Try a lower learning rate or a "
                         f"--max-grad-norm, then --resume {run_dir} or start again.")
                 steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * runs
