@@ -482,7 +482,8 @@ def make_trainer(config: Config) -> run.Trainer:
             "awr/advantage_mean": mean,
             "awr/advantage_std": jnp.sqrt(var),
             "awr/weight_mean": masked_mean(weights),
-            "awr/weight_max": jnp.max(jnp.where(valid[:, None], weights, 0.0)),
+            "awr/weight_max": jax.lax.pmax(jnp.max(jnp.where(valid[:, None], weights, 0.0)),  # every device's
+                                           devices.DEVICE_AXIS),
             "awr/weight_clipped_fraction": masked_mean(advantages / config.beta >= jnp.log(config.w_max)),
             "replay/size": (n_valid * n_devices).astype(jnp.float32),  # transitions stored, all devices
         })
