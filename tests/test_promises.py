@@ -24,12 +24,13 @@ TINY = {"ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_ep
                     value_batch_size=32, n_replay_epochs=2),
         "actor_critic": dict(num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32, value_train_steps=4),
         "reinforce": dict(num_envs=4, num_steps=16, batch_size=32),
-        "dqn_value": dict(num_envs=4, num_steps=4, update_steps=4, batch_size=8, n_replay_epochs=8),
+        "dqn_value": dict(num_envs=4, num_steps=4, update_steps=4, batch_size=8, n_replay_epochs=3),
         "skip_transformer": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, skip_warmup_steps=0)}
 RUN = dict(n_devices=1, eval_every=0, eval_episodes=2, no_compile_cache=True)
 
 
 def config(name, out_dir, epochs=3, **overrides):
+    """`(module, Config)`: the script's tiny run of `epochs` epochs on one device, writing to `out_dir`."""
     module = importlib.import_module(f"algos.{name}")
     steps = TINY[name]["num_envs"] * TINY[name]["num_steps"]
     return module, module.Config(**{**TINY[name], **RUN, "total_steps": epochs * steps, "out_dir": str(out_dir),
@@ -61,7 +62,8 @@ def test_a_non_finite_value_loss_stops_the_run_in_its_epoch(tmp_path, name, over
 # ----------------------------------------------------------------------------
 # --resume continues a run exactly: after Ctrl-C and after kill -9
 # ----------------------------------------------------------------------------
-EPOCHS, CHECKPOINT_EVERY = 4, 2  # awr's ring of 2 epochs wraps; skip_transformer skips from its first step
+EPOCHS, CHECKPOINT_EVERY = 4, 2  # the replay rings (awr: 2 epochs, dqn_value: 3) wrap; skip_transformer skips
+# blocks from its first gradient step
 
 
 def resume_config(name, out_dir, **overrides):
