@@ -110,6 +110,10 @@ class Config(run.RunConfig):
         run._require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
         run._require(0 <= self.lam <= 1, f"--lam {self.lam}: use a value in [0, 1]")
         run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        run._require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
+        run.require_non_negative(self, "ent_coef")
+        run._require(self.advantage != "td-k" or self.td_k <= self.num_steps,
+                     f"--td-k {self.td_k} is longer than the rollout (--num-steps {self.num_steps}); use at most that")
         run._require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
         run._require(0 <= self.n_shared_layers <= len(self.hidden),
                      f"--n-shared-layers {self.n_shared_layers}: the networks have {len(self.hidden)} hidden "

@@ -117,6 +117,7 @@ class Config(run.RunConfig):
         run._require(min(self.policy_lr, self.value_lr) > 0, "--policy-lr and --value-lr must be positive")
         run._require(0 <= self.gamma <= 1 and 0 <= self.td_lambda <= 1, "--gamma and --td-lambda: use [0, 1]")
         run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        run.require_non_negative(self, "ent_coef")
         run._require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
 
 
@@ -341,6 +342,11 @@ def make_trainer(config: Config) -> run.Trainer:
     pi = jax.vmap(policy_net, (None, 0, None, None))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
     n_buffer = m * T * envs_per_device
+    for name in ("policy_batch_size", "value_batch_size"):  # batches are drawn from one device's replay
+        if getattr(config, name) > n_buffer:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(config, name)} is larger than the replay: "
+                             f"{m} epochs x {envs_per_device} envs x {T} steps = {n_buffer} transitions per device; "
+                             f"use at most {n_buffer}")
 
     def critic(params, obs, actions=None):  # [N, ...] (and [N, K, ...]) -> [N] (or [N, K])
         if actions is None:

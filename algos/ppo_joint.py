@@ -76,6 +76,8 @@ class Config(run.RunConfig):
         run._require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
         run._require(0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]")
         run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        run._require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
+        run.require_non_negative(self, "vf_coef", "ent_coef")
         run._require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
 
 

@@ -98,6 +98,8 @@ class Config(run.RunConfig):
         run._require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
         run._require(0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]")
         run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        run._require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
+        run.require_non_negative(self, "vf_coef", "ent_coef")
         run._require(self.d_model % self.n_heads == 0,
                      f"--d-model {self.d_model} is not divisible by --n-heads {self.n_heads}; use a multiple")
         run._require(0 <= self.skip_fraction < 1, f"--skip-fraction {self.skip_fraction}: use a value in [0, 1)")
@@ -168,7 +170,7 @@ def normalize_window(stats: envs.ObsStats | None, window: jax.Array) -> jax.Arra
 
 def make_env(env_id: str, context_len: int):
     base, keep = NO_VELOCITY.get(env_id, (env_id, None))
-    env, env_params = envs.make_env(base)
+    env, env_params = envs.make_env(base, own=tuple(NO_VELOCITY))
     return ContextWindow(env, env_params, context_len, keep), env_params
 
 
@@ -341,6 +343,9 @@ def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = make_env(config.env, config.context_len)
+    if config.context_len > env_params.max_steps_in_episode:
+        raise ValueError(f"--context-len {config.context_len} is longer than an episode of {config.env} "
+                         f"({env_params.max_steps_in_episode} steps); use at most {env_params.max_steps_in_episode}")
     dist = make_distribution(env.action_space(env_params))
     n_devices = config.n_devices or jax.local_device_count()
     if config.num_envs % n_devices:

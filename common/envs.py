@@ -12,6 +12,7 @@ observations into them (every device's: all devices hold the same numbers),
 """
 from __future__ import annotations
 
+import difflib
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -20,17 +21,18 @@ import jax.numpy as jnp
 from common import devices
 
 
-def make_env(env_id: str):
-    """`(env, env_params)` for a registered gymnax id, or a ValueError listing them."""
+def make_env(env_id: str, own: tuple[str, ...] = ()):
+    """`(env, env_params)` for a registered gymnax id, or a ValueError listing them and `own`, the ids
+    the calling script makes itself (from a gymnax one), with the nearest as suggestions."""
     import gymnax
 
     if env_id not in gymnax.registered_envs:
-        close = [e for e in gymnax.registered_envs if env_id.lower().split("-")[0] in e.lower()]
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(
-            f"--env {env_id!r} is not a gymnax environment.{hint} "
-            f"Known ids: {', '.join(sorted(gymnax.registered_envs))}"
-        )
+        known = sorted(gymnax.registered_envs) + list(own)
+        close = difflib.get_close_matches(env_id, known, n=3) + [
+            e for e in known if env_id.lower().split("-")[0] in e.lower()]
+        hint = f" Did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
+        raise ValueError(f"--env {env_id!r} is not a gymnax environment{' or ' + ', '.join(own) if own else ''}."
+                         f"{hint} Known ids: {', '.join(known)}")
     return gymnax.make(env_id)
 
 

@@ -11,7 +11,10 @@ What a run writes in `--out-dir DIR`:
   `--eval-episodes`, and per seed), `env_steps`, `wall_time_s`,
   `compile_time_s`, `sps` (env steps per second after compilation, all seeds).
 - `checkpoints/epoch_NNNNNN.npz`: the whole runner state (params, optimiser,
-  environments, keys), written to a temporary file and renamed, no pickle.
+  environments, keys), written to a temporary file and renamed, no pickle;
+  the newest `--keep-checkpoints`, each of them finite.
+- `changes.jsonl`: the float flags each --resume changed, from which epoch.
+- `run.lock`: held by the live run (`open_run_dir`).
 
 On several hosts (`--coordinator`, see `devices.init_distributed`) every host
 runs the same programs in the same order; only the chief (process 0) writes,
@@ -22,12 +25,15 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import contextlib
 import dataclasses
+import fcntl
 import inspect
 import itertools
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -70,10 +76,14 @@ class RunConfig:
     """episodes per greedy evaluation"""
     checkpoint_every: int = 50
     """save a checkpoint every this many epochs (and at the end, and on Ctrl-C)"""
+    keep_checkpoints: int = 3
+    """checkpoints kept, the newest (--resume falls back to an older one when the newest is unreadable)"""
     out_dir: str = ""
     """run directory; empty: runs/SCRIPT-ENV-seedSEED-TIME"""
     resume: str = ""
     """run directory to continue from its last checkpoint, with its config.json; empty: a new run"""
+    overwrite: bool = False
+    """start a new run in an --out-dir that holds one, deleting its checkpoints, metrics and summary"""
     eval_only: bool = False
     """with --resume: only evaluate the saved agent"""
     track: bool = False
@@ -95,20 +105,34 @@ class RunConfig:
     each member trains --num-seeds seeds, all in one compiled program"""
 
     def __post_init__(self):
+        for name, kind in typing.get_type_hints(type(self)).items():  # what JAX can compute with
+            value = getattr(self, name)
+            _require(kind is not float or math.isfinite(value), f"{flag_name(name)} {value}: use a finite number")
+            _require(kind is not int or abs(value) < 2**31, f"{flag_name(name)} {value}: too large; JAX computes "
+                                                            f"with 32-bit integers: use at most {2**31 - 1}")
         _require(self.num_seeds >= 1, f"--num-seeds {self.num_seeds}: use 1 or more")
         _require(self.n_devices >= 0, f"--n-devices {self.n_devices}: use 0 (all) or a positive count")
         _require(self.total_steps > 0, f"--total-steps {self.total_steps}: use a positive number")
         _require(self.eval_every >= 0, f"--eval-every {self.eval_every}: use 0 or more")
         _require(self.eval_episodes >= 1, f"--eval-episodes {self.eval_episodes}: use 1 or more")
         _require(self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more")
+        _require(self.keep_checkpoints >= 1, f"--keep-checkpoints {self.keep_checkpoints}: use 1 or more "
+                                             f"(2 or more leave one to resume from if the newest is damaged)")
         _require(not self.eval_only or self.resume, "--eval-only needs --resume DIR (the run to evaluate)")
+        _require(not (self.overwrite and self.resume), "--overwrite starts a new run; --resume continues one: "
+                                                       "give one of them")
         for member in sweep_members(self) if self.sweep else ():  # every member's flags must be valid
             dataclasses.replace(self, sweep=(), **member)
 
 
+def float_flags(cls) -> list[str]:
+    """The float flags of a config class: what `--sweep` varies and `--resume` may change."""
+    return sorted(k for k, v in typing.get_type_hints(cls).items() if v is float)
+
+
 def sweep_members(config) -> list[dict]:
     """The grid of `--sweep`: one `{flag: value}` per member, in order (`[{}]` without a sweep)."""
-    floats = sorted(k for k, v in typing.get_type_hints(type(config)).items() if v is float)
+    floats = float_flags(type(config))
     axes: dict[str, list[float]] = {}
     for item in config.sweep:
         name, _, text = item.partition("=")
@@ -135,9 +159,10 @@ def eval_keys(key, config):
 
 
 # Flags that steer this invocation rather than define the run: on --resume they
-# come from the command line, everything else from the run's config.json.
-RUN_CONTROL = ("resume", "eval_only", "track", "no_compile_cache", "eval_episodes", "n_devices",
-               "coordinator", "num_processes", "process_id", "coordinator_timeout")
+# come from the command line, everything else from the run's config.json (but
+# for the float flags given, see `parse_config`).
+RUN_CONTROL = ("resume", "overwrite", "eval_only", "track", "no_compile_cache", "eval_episodes", "keep_checkpoints",
+               "n_devices", "coordinator", "num_processes", "process_id", "coordinator_timeout")
 
 
 # XLA options for programs that run rarely (init, evaluation): a quicker compile.
@@ -147,6 +172,12 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0}
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def require_non_negative(config, *names: str) -> None:
+    """Coefficients (of a loss term, an entropy bonus): 0 (the term off) or more."""
+    for name in names:
+        _require(getattr(config, name) >= 0, f"{flag_name(name)} {getattr(config, name)}: use 0 (off) or more")
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -185,27 +216,39 @@ def _list_of(item: type) -> Callable:
     return parse
 
 
-class _Concatenate(argparse.Action):
+class _Once(argparse.Action):
+    """Stores a flag's value; a flag given twice is an error (which of the two was meant?)."""
+
     def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, tuple(x for value in values for x in value))
+        if self.dest in parser.given:
+            also = "" if parser.given[self.dest] == option_string else f" (also as {parser.given[self.dest]})"
+            parser.error(f"{option_string} is given twice{also}; give it once")
+        parser.given[self.dest] = option_string
+        setattr(namespace, self.dest, values)
+
+
+class _Concatenate(_Once):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, tuple(x for value in values for x in value), option_string)
 
 
 def build_parser(cls, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+    parser.given = {}  # field -> the flag that set it, as parsed
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
         if kind is bool:  # `--flag` or `--flag=True/False` (as a wandb agent passes it)
-            spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL")
+            spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL", action=_Once)
         elif typing.get_origin(kind) is typing.Literal:
-            spec = dict(choices=typing.get_args(kind))
+            spec = dict(choices=typing.get_args(kind), action=_Once)
         elif typing.get_origin(kind) is tuple:  # `--hidden 64 64` or `--hidden=[64, 64]` (a wandb agent)
             item = typing.get_args(kind)[0]
             spec = dict(type=_list_of(item), nargs="+", action=_Concatenate, metavar=item.__name__.upper())
         else:
-            spec = dict(type=kind, metavar=kind.__name__.upper())
+            spec = dict(type=kind, metavar=kind.__name__.upper(), action=_Once)
         parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default,
                             help=docs.get(f.name, f.name), **spec)
         if "_" in f.name:  # snake_case alias, hidden from --help
@@ -214,37 +257,78 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
 
 
 def parse_config(cls, argv=None, description: str = ""):
-    """Config from the command line; a bad value exits with its message, before any compile."""
+    """Config from the command line; a bad value exits with its message, before any compile.
+
+    With `--resume DIR`: the flags of DIR's config.json, the run-control flags of
+    this command line (`RUN_CONTROL`), and the float flags it gives (learning
+    rates, coefficients: they change no shape of the state; `train` records the
+    change). Any other flag given with a value other than the run's is refused.
+    """
     parser = build_parser(cls, description)
     args = vars(parser.parse_args(argv))
     try:
         if args["resume"]:
             saved = load_config(cls, Path(args["resume"]))
-            for f in dataclasses.fields(cls):
-                given = tuple(args[f.name]) if isinstance(args[f.name], list) else args[f.name]
-                if f.name not in RUN_CONTROL and given != f.default and given != getattr(saved, f.name):
-                    print(f"warning: --resume ignores --{f.name.replace('_', '-')} {given}; the run's "
-                          f"config.json sets it to {getattr(saved, f.name)}", file=sys.stderr)
-            config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL},
+            changed = {k: args[k] for k in parser.given if k not in RUN_CONTROL and args[k] != getattr(saved, k)}
+            fixed = [k for k in changed if k not in float_flags(cls)]
+            takes = map(flag_name, float_flags(cls) + [k for k in RUN_CONTROL if k not in ("resume", "overwrite")])
+            _require(not fixed, f"--resume {args['resume']} continues that run with the flags of its config.json; "
+                                f"it cannot change {', '.join(map(flag_name, fixed))}: start a new run for "
+                                f"that. --resume takes the float flags and run flags: {', '.join(takes)}")
+            config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL}, **changed,
                                          out_dir=args["resume"])
         else:
-            config = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
+            config = cls(**args)
     except ValueError as error:
         parser.error(str(error))
     return config
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
 
 
 def load_config(cls, run_dir: Path):
     path = run_dir / "config.json"
     if not path.is_file():
         raise ValueError(f"--resume {run_dir}: no config.json there; pass the directory of an earlier run")
-    saved = json.loads(path.read_text())
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(saved) - names
-    if unknown:
-        raise ValueError(f"--resume {run_dir}: config.json has flags this script does not know "
-                         f"({', '.join(sorted(unknown))}); was it written by another script?")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+    try:
+        saved = json.loads(path.read_text(errors="replace"))
+    except ValueError as error:
+        raise ValueError(f"--resume {run_dir}: {path} is not JSON ({error}); repair it or start a new run") from None
+    _require(isinstance(saved, dict), f"--resume {run_dir}: {path} holds no flags ({type(saved).__name__}); "
+                                      f"repair it or start a new run")
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(saved) - set(hints))
+    _require(not unknown, f"--resume {run_dir}: {path} has flags this script does not know "
+                          f"({', '.join(unknown)}); was it written by another script?")
+    missing = sorted(set(hints) - set(saved) - set(RUN_CONTROL))
+    _require(not missing, f"--resume {run_dir}: {path} lacks {', '.join(missing)}; add them (this script's defaults: "
+                          f"{', '.join(f'{k}: {json.dumps(getattr(cls, k))}' for k in missing)}) or start a new run")
+    for name, value in saved.items():
+        _require(_fits(hints[name], value), f"--resume {run_dir}: {path} sets {name} to {json.dumps(value)}, "
+                                            f"not {_describe(hints[name])}; repair it or start a new run")
+    return cls(**{k: tuple(v) if isinstance(v, list) else float(v) if hints[k] is float else v
+                  for k, v in saved.items()})
+
+
+def _fits(kind, value) -> bool:
+    """Whether a JSON value is one of `kind`: bool, int, float (an int too), str, a Literal, tuple[X, ...]."""
+    if typing.get_origin(kind) is typing.Literal:
+        return value in typing.get_args(kind)
+    if typing.get_origin(kind) is tuple:
+        return isinstance(value, list) and all(_fits(typing.get_args(kind)[0], x) for x in value)
+    if isinstance(value, bool) or kind is bool:
+        return isinstance(value, bool) and kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def _describe(kind) -> str:
+    if typing.get_origin(kind) is typing.Literal:
+        return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
+    if typing.get_origin(kind) is tuple:
+        return f"a list of {typing.get_args(kind)[0].__name__}"
+    return f"a {kind.__name__}"
 
 
 # ----------------------------------------------------------------------------
@@ -273,10 +357,59 @@ class Trainer(NamedTuple):
 
 
 # ----------------------------------------------------------------------------
+# The run directory
+# ----------------------------------------------------------------------------
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "changes.jsonl", "checkpoints")  # a run's own
+
+
+def open_run_dir(run_dir: Path, config):
+    """Creates the run directory (or opens it, on --resume) and locks it; returns the open lock file.
+
+    The lock (`flock` on `run.lock`, which names the holder's pid) lasts until
+    the file is closed or the process ends, however it ends: a second run in the
+    directory is refused while the first lives, and a dead one's lock file
+    blocks nothing. A new run refuses a directory that holds a run, unless
+    `--overwrite`, which deletes that run's files.
+    """
+    flag = f"--resume {run_dir}" if config.resume else f"--out-dir {run_dir}"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{flag} is a file, not a directory; give a directory for the run")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(run_dir / "run.lock", "a+")
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot write there ({error.strerror}); give a directory you can write") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise ValueError(f"{flag}: another run (pid {holder}) is using this directory; wait for it to end "
+                         f"or give another --out-dir") from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    held = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if not config.resume and held and not config.overwrite:
+        lock.close()
+        raise ValueError(f"{flag} already holds a run ({', '.join(held)}); continue it with --resume {run_dir}, "
+                         f"give another --out-dir, or add --overwrite to delete it and start again")
+    for path in [] if config.resume else [run_dir / name for name in held]:  # --overwrite
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    for tmp in [*run_dir.glob(".tmp_*"), *run_dir.glob("checkpoints/.tmp_*")]:  # writes cut short by a crash
+        tmp.unlink()
+    return lock
+
+
+# ----------------------------------------------------------------------------
 # Checkpoints
 # ----------------------------------------------------------------------------
-def save_checkpoint(directory: Path, state, epoch: int) -> Path:
-    """Writes the whole state atomically (temporary file, then rename); keeps the newest."""
+def save_checkpoint(directory: Path, state, epoch: int, keep: int = RunConfig.keep_checkpoints) -> Path:
+    """Writes the whole state atomically (temporary file, then rename); keeps the newest `keep`."""
     directory.mkdir(parents=True, exist_ok=True)
     leaves, treedef = jax.tree.flatten(jax.device_get(state))
     meta = {"epoch": epoch, "treedef": str(treedef),
@@ -294,15 +427,51 @@ def save_checkpoint(directory: Path, state, epoch: int) -> Path:
     except BaseException:  # the last good checkpoint stays; no half-written file is left
         tmp.unlink(missing_ok=True)
         raise
-    for old in directory.glob("epoch_*.npz"):
-        if old != path:
-            old.unlink()
+    for old in sorted(directory.glob("epoch_*.npz"))[:-keep]:
+        old.unlink()
     return path
+
+
+def non_finite(state) -> list[str]:
+    """The paths of the state's floating-point leaves holding a NaN or an infinity."""
+    return [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(state)
+            if np.issubdtype(np.asarray(x).dtype, np.inexact) and not np.isfinite(x).all()]
+
+
+def divergence_advice(config, saved: Path | None, run_dir: Path) -> str:
+    """What to do after a divergence: --resume with a lower learning rate, or without a checkpoint a new run."""
+    lower = " ".join(f"{flag_name(k)} {getattr(config, k) / 10:.3g}" for k in float_flags(type(config))
+                     if "lr" in k.split("_"))
+    if saved is None:
+        return f"No checkpoint was saved: start a new run with a lower learning rate ({lower}) or a --max-grad-norm."
+    return (f"Last good checkpoint: {saved}. Continue from it with a lower learning rate: --resume {run_dir} {lower} "
+            f"(--resume takes the float flags: {', '.join(map(flag_name, float_flags(type(config))))}, and records "
+            f"the change in {run_dir / 'changes.jsonl'}); or start a new run.")
+
+
+def record_changes(run_dir: Path, config, epoch: int) -> None:
+    """--resume with other float flags: config.json takes them (a later --resume keeps them), and
+    `changes.jsonl` gets a line `{"epoch": from, flag: [old, new], ...}`."""
+    path = run_dir / "config.json"
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    changed = {k: [saved[k], getattr(config, k)] for k in float_flags(type(config))
+               if k in saved and saved[k] != getattr(config, k)}
+    if not changed:
+        return
+    with open(run_dir / "changes.jsonl", "a") as fh:
+        fh.write(json.dumps({"epoch": epoch, **changed}) + "\n")
+    write_atomic(path, json.dumps({**saved, **{k: new for k, (_, new) in changed.items()}}, indent=2) + "\n")
+    print(f"--resume changes {', '.join(f'{flag_name(k)} {old} -> {new}' for k, (old, new) in changed.items())} "
+          f"from epoch {epoch} (recorded in {run_dir / 'changes.jsonl'})", flush=True)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
     found = sorted(directory.glob("epoch_*.npz"))
     return found[-1] if found else None
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file that cannot be read: cut short, overwritten, not a checkpoint."""
 
 
 def load_checkpoint(path: Path, template):
@@ -313,8 +482,8 @@ def load_checkpoint(path: Path, template):
             meta = json.loads(bytes(data["meta"]).decode())
             leaves = [data[f"leaf_{i:05d}"] for i in range(len(meta["leaves"]))]
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as error:
-        raise ValueError(f"checkpoint {path} is unreadable or corrupt ({error}); "
-                         f"delete it to fall back to none, or start a new --out-dir") from None
+        raise CorruptCheckpoint(f"checkpoint {path} is unreadable or corrupt ({error}); delete it to fall back "
+                                f"to an older one, or start a new --out-dir") from None
     want, treedef = jax.tree.flatten(template)
     if len(want) != len(leaves) or str(treedef) != meta["treedef"]:
         raise ValueError(f"checkpoint {path} holds a different state structure than this script builds; {fix}")
@@ -323,6 +492,19 @@ def load_checkpoint(path: Path, template):
             raise ValueError(f"checkpoint {path}: leaf {i} is {got.shape} {got.dtype}, this run expects "
                              f"{tuple(w.shape)} {np.dtype(w.dtype)}; {fix}")
     return jax.tree.unflatten(treedef, leaves), int(meta["epoch"])
+
+
+def load_newest_checkpoint(directory: Path, template):
+    """`(state, epoch)` from the newest readable checkpoint in `directory`, saying which ones it skips."""
+    found = sorted(directory.glob("epoch_*.npz"), reverse=True)
+    if not found:
+        raise ValueError(f"no checkpoint in {directory}")
+    for path in found:
+        try:
+            return load_checkpoint(path, template)
+        except CorruptCheckpoint as error:
+            print(f"warning: {error}", file=sys.stderr, flush=True)
+    raise ValueError(f"every checkpoint in {directory} is unreadable or corrupt; start a new --out-dir")
 
 
 def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = None) -> Callable:
@@ -412,16 +594,58 @@ class WindowAgent:
 # ----------------------------------------------------------------------------
 # Logging
 # ----------------------------------------------------------------------------
+def write_atomic(path: Path, text: str) -> None:
+    """`path` holds the old text or the new one, never a part (temporary file, then rename)."""
+    tmp = path.with_name(f".tmp_{path.name}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def trim_metrics(path: Path, epoch: int) -> None:
+    """On --resume: `metrics.jsonl` keeps the epochs up to the checkpoint's, saying what it drops.
+
+    A last line that is no record is a write cut short (a full disk, a power cut): it goes too.
+    """
+    if not path.exists():
+        return
+    text = path.read_text(errors="replace")
+    lines, kept, torn = text.splitlines(), [], False
+    for i, line in enumerate(lines):
+        try:
+            if json.loads(line)["epoch"] <= epoch:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}, line {i + 1}, is not a metrics record ({line[:40]!r}); "
+                                 f"repair or delete that line, then --resume again") from None
+            torn = True
+    if torn:
+        print(f"{path}: dropped its last line, cut short ({lines[-1][:40]!r})", file=sys.stderr)
+    if len(lines) - torn > len(kept):
+        print(f"{path}: dropped {len(lines) - torn - len(kept)} line(s) past the checkpoint's epoch {epoch}",
+              file=sys.stderr)
+    if len(kept) < len(lines) or not text.endswith("\n"):
+        write_atomic(path, "".join(line + "\n" for line in kept))
+
+
+def disk_error(path: Path, error: OSError, run_dir: Path) -> SystemExit:
+    """A failed write (a full disk): one line, and what is left to resume from."""
+    last = latest_checkpoint(run_dir / "checkpoints")
+    left = (f"the last checkpoint, {last}, is intact: make room, then --resume {run_dir}" if last else
+            "no checkpoint was written yet: make room and start again")
+    return SystemExit(f"error: cannot write {path} ({error.strerror or error}); {left}")
+
+
 class Logger:
     """Metrics to the console (throttled), `metrics.jsonl` and, with --track, wandb."""
 
-    def __init__(self, config, run_dir: Path, is_chief: bool, start_epoch: int):
-        self.is_chief, self.wandb = is_chief, None
+    def __init__(self, config, run_dir: Path, is_chief: bool):
+        self.is_chief, self.wandb, self.run_dir = is_chief, None, run_dir
         self.last_print, self.last_return = 0.0, float("nan")
         self.path = run_dir / "metrics.jsonl"
-        if is_chief and self.path.exists():  # resuming: drop epochs after the checkpoint
-            kept = [l for l in self.path.read_text().splitlines() if json.loads(l)["epoch"] <= start_epoch]
-            self.path.write_text("".join(l + "\n" for l in kept))
         if is_chief and config.track:
             self._start_wandb(config, run_dir)
 
@@ -441,8 +665,11 @@ class Logger:
             return
         finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
         clean = {k: [finite(x) for x in v] if isinstance(v, list) else finite(v) for k, v in record.items()}
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(clean) + "\n")
+        try:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(clean) + "\n")
+        except OSError as error:
+            raise disk_error(self.path, error, self.run_dir) from None
         if self.wandb is not None:
             try:
                 self.wandb.log({k: v for k, v in record.items() if not isinstance(v, list)}, step=record["env_steps"])
@@ -584,6 +811,24 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Tra
     return swept, (jnp.tile(keys, (1, len(members), 1)), values)
 
 
+def check_memory(template, config, n_devices: int) -> None:
+    """Refuses a runner state larger than the memory that must hold it, naming the flags that size it."""
+    leaves = jax.tree_util.tree_leaves_with_path(template)
+    need = sum(x.size * np.dtype(x.dtype).itemsize for _, x in leaves)
+    limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", 0) * n_devices
+    have = limit or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # a CPU: the host's memory
+    if need <= have:
+        return
+    path, biggest = max(leaves, key=lambda leaf: leaf[1].size)
+    sizes = set(biggest.shape[2:])  # [n_devices, runs, ...]
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in RUN_CONTROL}
+    flags = [flag_name(k) for k, v in values.items() if not isinstance(v, (bool, str, float))
+             and set(v if isinstance(v, tuple) else (v,)) & sizes - {0, 1}]
+    raise ValueError(f"the runner state needs {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
+                     f"memory here; its largest array, {jax.tree_util.keystr(path)} {tuple(biggest.shape)}, "
+                     f"is sized by {' and '.join(flags) or 'the network and buffer flags'}: make it smaller")
+
+
 # ----------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------
@@ -591,8 +836,14 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
     """Trains (or, with --eval-only, evaluates) and returns the summary.
 
     `max_epochs` stops early after that many epochs of this call (as Ctrl-C
-    would), leaving a checkpoint to --resume from.
+    would), leaving a checkpoint to --resume from. The chief holds the run
+    directory's lock (`open_run_dir`) from before the compile to the return.
     """
+    with contextlib.ExitStack() as held:  # the run directory's lock, released however the run ends
+        return _train(config, make_trainer, script, max_epochs, held)
+
+
+def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, held: contextlib.ExitStack) -> dict:
     wall_start = time.time()
     devices.init_distributed(config.coordinator, config.num_processes, config.process_id, config.coordinator_timeout)
     if not config.no_compile_cache:
@@ -620,21 +871,27 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
                          f"outside the compiled math (e.g. to choose a branch), so it cannot be swept in one program; "
                          f"run one process per value (e.g. a wandb sweep, sweeps/). ({type(error).__name__})") from None
     template = init_lowered.out_info
+    check_memory(template, config, n_devices)
+    if is_chief and not config.eval_only:
+        held.enter_context(open_run_dir(run_dir, config))
     start_epoch, state = 0, None
     if config.resume:
-        ckpt = latest_checkpoint(run_dir / "checkpoints")
-        if ckpt is None:
-            raise SystemExit(f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
         whole = jax.tree.map(lambda s: jax.ShapeDtypeStruct((hosts * s.shape[0],) + s.shape[1:], s.dtype), template)
         try:
-            state, start_epoch = load_checkpoint(ckpt, whole)
+            state, start_epoch = load_newest_checkpoint(run_dir / "checkpoints", whole)
         except ValueError as error:
-            raise SystemExit(str(error)) from None
+            raise SystemExit(f"--resume {run_dir}: {error}") from None
         state = devices.this_host(state)
+        if start_epoch == trainer.num_epochs and not config.eval_only and (run_dir / "summary.json").is_file():
+            print(f"{run_dir} finished at epoch {start_epoch}: nothing to train, its summary.json stays; "
+                  f"--eval-only --resume {run_dir} evaluates it again", flush=True)
+            return json.loads((run_dir / "summary.json").read_text())
+        if is_chief and not config.eval_only:
+            trim_metrics(run_dir / "metrics.jsonl", start_epoch)
+            record_changes(run_dir, config, start_epoch)
         print(f"resumed {run_dir} at epoch {start_epoch}", flush=True)
     elif is_chief:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+        write_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(config), indent=2) + "\n")
 
     # Init and evaluation run rarely: they compile unoptimised, on a second
     # thread, while this one compiles the epochs.
@@ -668,7 +925,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         returns = evaluate_now(start_epoch)
         return {"eval_return": float(returns.mean()), "eval_return_per_seed": returns.tolist()}
 
-    logger = Logger(config, run_dir, is_chief, start_epoch)
+    logger = Logger(config, run_dir, is_chief)
     where = f"{n_devices * hosts} {jax.default_backend()} device(s)" + (f" of {hosts} processes" if hosts > 1 else "")
     print(f"training {script} on {config.env}: {trainer.num_epochs} epochs of "
           f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
@@ -677,10 +934,18 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
           flush=True)
     ckpt_dir, epoch = run_dir / "checkpoints", start_epoch
 
-    def checkpoint():  # every host takes part in the gather; the chief writes
-        whole = devices.gather(state)
+    def checkpoint():  # every host takes part in the gather; the chief writes a finite state only
+        whole = jax.device_get(devices.gather(state))
+        bad = non_finite(whole)
+        if bad:
+            raise SystemExit(f"the state at epoch {epoch} is not finite ({len(bad)} leaves, e.g. {bad[0]}): "
+                             f"training diverged; it was not saved. "
+                             f"{divergence_advice(config, latest_checkpoint(ckpt_dir), run_dir)}")
         if is_chief:
-            save_checkpoint(ckpt_dir, whole, epoch)
+            try:
+                save_checkpoint(ckpt_dir, whole, epoch, config.keep_checkpoints)
+            except OSError as error:
+                raise disk_error(ckpt_dir / f"epoch_{epoch:06d}.npz", error, run_dir) from None
 
     last_epoch = trainer.num_epochs if max_epochs is None else min(trainer.num_epochs, start_epoch + max_epochs)
     train_time, returns, record = 0.0, None, {}
@@ -699,11 +964,8 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
                 epoch += 1
                 diverged = [f"{k} is {v}" for k, v in record.items() if k.startswith("loss/") and not math.isfinite(v)]
                 if diverged:  # any loss term: a NaN value loss reaches the policy loss only epochs later
-                    saved = latest_checkpoint(ckpt_dir)
-                    raise SystemExit(
-                        f"{', '.join(diverged)} at epoch {epoch}: training diverged. "
-                        f"Last good checkpoint: {saved or 'none'}. Try a lower learning rate or a "
-                        f"--max-grad-norm, then --resume {run_dir} or start again.")
+                    advice = divergence_advice(config, latest_checkpoint(ckpt_dir), run_dir)
+                    raise SystemExit(f"{', '.join(diverged)} at epoch {epoch}: training diverged. {advice}")
                 steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * runs
                 record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
                           "sps": steps_done / (time_before + chunk_time * (j + 1) / n), **record}
@@ -740,7 +1002,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         summary["sweep"] = [{**values, "eval_return": float(np.mean(r)), "eval_return_per_seed": r.tolist()}
                             for values, r in zip(sweep_members(config), returns.reshape(-1, config.num_seeds))]
     if is_chief:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         logger.close(summary)
     return summary
 
@@ -750,6 +1012,8 @@ def main(config_cls, make_trainer: Callable, script: str, description: str, argv
     try:
         summary = train(config, make_trainer, script)
     except ValueError as error:  # configuration that only the environment can reject
+        raise SystemExit(f"error: {error}") from None
+    except OSError as error:  # the file system (e.g. a full disk) where no message says more
         raise SystemExit(f"error: {error}") from None
     print(f"eval return {summary['eval_return']:.2f} (greedy, {config.eval_episodes} episodes)", flush=True)
     return summary

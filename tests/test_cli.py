@@ -16,6 +16,13 @@ TINY = ["--num-envs", "4", "--num-steps", "32", "--total-steps", "1280", "--eval
         "--eval-episodes", "4", "--no-compile-cache"]
 
 
+def tiny(*args):
+    """TINY and `args`, which replace TINY's values of the flags they give (a flag may be given once)."""
+    drop = {i for i, a in enumerate(TINY) if a.startswith("--") and a in args}
+    drop |= {i + 1 for i in drop if i + 1 < len(TINY) and not TINY[i + 1].startswith("--")}
+    return [a for i, a in enumerate(TINY) if i not in drop] + list(args)
+
+
 def env():
     clean = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
     return {**clean, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
@@ -65,7 +72,7 @@ def test_run_writes_outputs(tmp_path):
     (["--lr", "-1"], "positive learning rate"),
 ])
 def test_bad_input_fails_before_compiling(tmp_path, args, message):
-    out = cli(*TINY, *args, "--out-dir", tmp_path / "run", cwd=tmp_path)
+    out = cli(*tiny(*args), "--out-dir", tmp_path / "run", cwd=tmp_path)
     assert out.returncode != 0
     assert message in out.stderr
     assert "compiled in" not in out.stdout
@@ -83,7 +90,7 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
 
 def test_interrupt_then_resume_and_eval_only(tmp_path):
     out_dir = tmp_path / "run"
-    args = [*TINY, "--total-steps", "4000000", "--checkpoint-every", "1000", "--out-dir", out_dir]
+    args = [*tiny("--total-steps", "4000000"), "--checkpoint-every", "1000", "--out-dir", out_dir]
     proc = subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args)], cwd=tmp_path, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = out_dir / "metrics.jsonl"

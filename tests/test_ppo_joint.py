@@ -430,12 +430,15 @@ def test_checkpoint_round_trip(tmp_path, init_state):
     assert jax.tree.structure(loaded) == jax.tree.structure(state)
     chex.assert_trees_all_equal(loaded, host(state))
     chex.assert_trees_all_equal_shapes_and_dtypes(loaded, host(state))
-    # a newer checkpoint replaces the older one; nothing temporary is left behind
-    run.save_checkpoint(tmp_path, state, 5)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000005.npz"]
-    assert run.latest_checkpoint(tmp_path) == tmp_path / "epoch_000005.npz"
-    with np.load(tmp_path / "epoch_000005.npz", allow_pickle=False) as data:  # plain arrays, no pickle
-        assert json.loads(bytes(data["meta"]).decode())["epoch"] == 5
+    # the newest `keep` stay; nothing temporary is left behind
+    run.save_checkpoint(tmp_path, state, 5, keep=2)
+    run.save_checkpoint(tmp_path, state, 6, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000005.npz", "epoch_000006.npz"]
+    run.save_checkpoint(tmp_path, state, 7, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000007.npz"]
+    assert run.latest_checkpoint(tmp_path) == tmp_path / "epoch_000007.npz"
+    with np.load(tmp_path / "epoch_000007.npz", allow_pickle=False) as data:  # plain arrays, no pickle
+        assert json.loads(bytes(data["meta"]).decode())["epoch"] == 7
 
 
 def test_checkpoint_mismatched_template(tmp_path, init_state):
@@ -549,7 +552,7 @@ def test_divergence_stops_with_last_good_checkpoint(tmp_path):
     assert epoch == 2
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state.params))
     # from scratch, divergence in the first epoch: there is no checkpoint to point to
-    with pytest.raises(SystemExit, match="Last good checkpoint: none"):
+    with pytest.raises(SystemExit, match="No checkpoint was saved: start a new run with a lower learning rate"):
         run.train(run_config(tmp_path / "fresh", n_devices=1, lr=1e30), make_trainer)
 
 

@@ -56,9 +56,11 @@ def test_bad_flags_exit_with_usage_error(argv, capsys):
 def test_resume_takes_the_saved_config_and_run_flags_from_the_command_line(tmp_path, capsys):
     saved = Toy(n_samples=3, hidden=(8,), out_dir=str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(saved)))
-    config = run.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "9", "--eval-only"])
-    assert config.n_samples == 3 and config.hidden == (8,) and config.eval_only
-    assert "ignores --n-samples 9" in capsys.readouterr().err
+    config = run.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "3", "--lr", "0.01", "--eval-only"])
+    assert config.n_samples == 3 and config.hidden == (8,) and config.eval_only and config.lr == 0.01
+    with pytest.raises(SystemExit):  # a flag the checkpoint's state or the run depends on
+        run.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "9"])
+    assert "cannot change --n-samples: start a new run" in capsys.readouterr().err
     (tmp_path / "config.json").write_text(json.dumps({**dataclasses.asdict(saved), "typo_flag": 1}))
     with pytest.raises(SystemExit):
         run.parse_config(Toy, ["--resume", str(tmp_path)])
@@ -99,7 +101,7 @@ def test_a_failing_wandb_never_stops_training(tmp_path, monkeypatch, capsys):
         raise RuntimeError("no network")
 
     monkeypatch.setattr(wandb, "init", broken_init)
-    logger = run.Logger(Toy(track=True), tmp_path, is_chief=True, start_epoch=0)
+    logger = run.Logger(Toy(track=True), tmp_path, is_chief=True)
     assert logger.wandb is None
     assert "wandb disabled: no network" in capsys.readouterr().err
 
@@ -116,11 +118,20 @@ def test_a_failing_wandb_never_stops_training(tmp_path, monkeypatch, capsys):
     assert [l["epoch"] for l in lines] == [1, 2] and lines[0]["episode/return"] is None
 
 
-def test_resumed_logger_drops_epochs_after_the_checkpoint(tmp_path):
+def test_resume_drops_epochs_after_the_checkpoint_and_a_torn_last_line(tmp_path, capsys):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"epoch": e}) + "\n" for e in range(1, 8)))
-    run.Logger(Toy(), tmp_path, is_chief=True, start_epoch=5)
+    run.trim_metrics(path, 5)
     assert [json.loads(l)["epoch"] for l in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    assert "dropped 2 line(s) past the checkpoint's epoch 5" in capsys.readouterr().err
+    path.write_text(path.read_text() + '{"epoch": 6, "env_st')  # the write of epoch 6 cut short
+    run.trim_metrics(path, 5)
+    assert [json.loads(l)["epoch"] for l in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    err = capsys.readouterr().err
+    assert "dropped its last line, cut short" in err and str(path) in err and "past" not in err
+    path.write_text('{"epoch": 1}\nnot json\n{"epoch": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2, is not a metrics record"):
+        run.trim_metrics(path, 5)
 
 
 def test_load_agent_acts_as_the_saved_policy(tmp_path):
