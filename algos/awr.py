@@ -521,7 +521,8 @@ def make_trainer(config: Config) -> run.Trainer:
             "awr/advantage_mean": r.advantage_mean,
             "awr/advantage_std": r.advantage_std,
             "awr/weight_mean": masked_mean(r.weights, valid),
-            "awr/weight_max": jnp.max(jnp.where(valid[:, None], r.weights, 0.0)),
+            "awr/weight_max": jax.lax.pmax(jnp.max(jnp.where(valid[:, None], r.weights, 0.0)),  # every device's
+                                           devices.DEVICE_AXIS),
             "awr/weight_clipped_fraction": masked_mean(r.advantages / config.beta >= jnp.log(config.w_max), valid),
             "replay/size": (n_valid * n_devices).astype(jnp.float32),  # transitions stored, all devices
         })
@@ -544,8 +545,7 @@ def make_trainer(config: Config) -> run.Trainer:
         return (state.runner.policy, state.obs_stats) if config.normalize_obs else state.policy
 
     return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env, env_params=env_params,
-                       steps_per_epoch=steps_per_epoch, num_epochs=num_epochs, loss_key="loss/policy",
-                       rollout=rollout)
+                       steps_per_epoch=steps_per_epoch, num_epochs=num_epochs, rollout=rollout)
 
 
 if __name__ == "__main__":

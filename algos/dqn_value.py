@@ -369,8 +369,7 @@ def make_trainer(config: Config) -> run.Trainer:
         return jnp.argmax(network(params, obs, config.activation))
 
     return run.Trainer(init=init, epoch=epoch, act=act, params=lambda s: s.params, env=env,
-                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       loss_key="loss/value")
+                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs)
 
 
 if __name__ == "__main__":

@@ -289,7 +289,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
     return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       loss_key="loss/policy", rollout=rollout)
+                       rollout=rollout)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,25 @@ MUTATIONS = [
     Mutation("gaussian-std-squared", "common/distributions.py",
              "return distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))",
              "return distrax.MultivariateNormalDiag(mean, jnp.exp(2 * log_std))", ("tests/test_distributions.py",)),
+    # Collectives and run promises (tests/test_devices.py's whole-batch test, tests/test_promises.py).
+    Mutation("ppo-gradient-psum", "algos/ppo_joint.py",
+             "grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)",
+             "grads = jax.lax.psum(grads, devices.DEVICE_AXIS)", ("tests/test_devices.py",)),
+    Mutation("reinforce-baseline-per-device", "algos/reinforce.py",
+             "return_mean = jax.lax.pmean(jnp.mean(returns), devices.DEVICE_AXIS)", "return_mean = jnp.mean(returns)",
+             ("tests/test_devices.py",)),
+    Mutation("awr-advantage-mean-per-device", "algos/awr.py",
+             "mean = jax.lax.pmean(masked_mean(advantages), devices.DEVICE_AXIS)",
+             "mean = masked_mean(advantages)", ("tests/test_devices.py",)),
+    Mutation("dqn-update-bootstraps-from-online-net", "algos/dqn_value.py",
+             "(params, target_params, batch, config)", "(params, params, batch, config)",
+             ("tests/test_dqn_value.py",)),
+    Mutation("divergence-checks-the-policy-loss-only", "common/run.py",
+             'if k.startswith("loss/") and not math.isfinite(v)', 'if k == "loss/policy" and not math.isfinite(v)',
+             ("tests/test_promises.py",)),
+    Mutation("sweep-members-seed-major", "common/run.py",
+             "jnp.repeat(jnp.asarray([m[name] for m in members], jnp.float32)",
+             "jnp.tile(jnp.asarray([m[name] for m in members], jnp.float32)", ("tests/test_promises.py",)),
 ]
 
 

@@ -356,8 +356,7 @@ class Trainer(NamedTuple):
     env: Any
     env_params: Any
     steps_per_epoch: int  # environment steps of one seed in one epoch, all devices
-    num_epochs: int
-    loss_key: str  # metric that must stay finite
+    num_epochs: int  # every `loss/*` metric must stay finite
     rollout: Callable | None = None
 
 
@@ -967,10 +966,10 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
             train_time += chunk_time
             for j, record in enumerate(records):
                 epoch += 1
-                if not math.isfinite(record[trainer.loss_key]):
+                diverged = [f"{k} is {v}" for k, v in record.items() if k.startswith("loss/") and not math.isfinite(v)]
+                if diverged:  # any loss term: a NaN value loss reaches the policy loss only epochs later
                     advice = divergence_advice(config, latest_checkpoint(ckpt_dir), run_dir)
-                    raise SystemExit(f"{trainer.loss_key} is {record[trainer.loss_key]} at epoch {epoch}: "
-                                     f"training diverged. {advice}")
+                    raise SystemExit(f"{', '.join(diverged)} at epoch {epoch}: training diverged. {advice}")
                 steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * runs
                 record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
                           "sps": steps_done / (time_before + chunk_time * (j + 1) / n), **record}

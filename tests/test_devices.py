@@ -1,4 +1,5 @@
 """common.devices: hosts, device counts, seed keys and the compiled epoch (2 forced CPU devices)."""
+import functools
 import importlib
 
 import chex
@@ -191,3 +192,104 @@ def test_value_metrics_count_every_devices_batch(name):
             want = np.sqrt(2) * value[0] if key == "value/advantage_norm" else value[0]
             want = 2 * value[0] if key == "episode/count" else want
             close(on_two[key][device], want, key)
+
+
+# Every script's epoch with full-batch updates: each update step sees every transition of its device (and
+# the gradient of a mean over equal halves is the mean of the halves' gradients).
+WHOLE_BATCH = {"ppo_joint": lambda envs, steps: dict(num_minibatches=1, update_epochs=2),
+               "awr": lambda envs, steps: dict(n_replay_epochs=1, policy_steps=2, value_steps=2, beta=0.2,
+                                               policy_batch_size=envs * steps, value_batch_size=envs * steps),
+               "actor_critic": lambda envs, steps: dict(policy_batch_size=envs * steps, value_train_steps=2,
+                                                        value_batch_size=envs * steps),
+               "reinforce": lambda envs, steps: dict(batch_size=envs * steps, train_steps=2, baseline=True),
+               "dqn_value": lambda envs, steps: dict(n_replay_epochs=1, update_steps=2, batch_size=envs * steps,
+                                                     sync_freq=3, eps_start=0.0, eps_min=0.0),
+               "skip_transformer": lambda envs, steps: dict(num_minibatches=1, update_epochs=2,
+                                                            skip_warmup_steps=0)}
+PER_DEVICE_BATCH = ("awr",)  # batch sizes counted per device
+
+
+def draws_in_order(key, shape, minval, maxval, *_, **__):
+    """`jax.random.randint` as a test seam: draw i is i modulo the range, so a batch the size of the range takes
+    every row once (dqn_value draws a row and an environment: with R rows and E environments coprime, R * E
+    draws take every pair once)."""
+    del key
+    return minval + jnp.arange(int(np.prod(shape)), dtype=jnp.int32).reshape(shape) % maxval
+
+
+def sampling_without_keys(make_distribution, *args, **kwargs):
+    """The distribution with a `sample` that is a smooth function of the inputs alone: a Gaussian's mean plus
+    0.5 tanh(100 mean) standard deviations (off the mean by an amount that differs from state to state, so
+    that the gradients of the log-likelihood do not cancel out), a categorical's mode."""
+    dist = make_distribution(*args, **kwargs)
+
+    def sample(inputs, key, temperature=1.0):
+        if dist.discrete:
+            return dist.mode(inputs)
+        mean, log_std = dist._split(inputs)
+        return dist._shape(mean + jnp.exp(log_std) * 0.5 * jnp.tanh(100.0 * mean))
+
+    dist.sample = sample
+    return dist
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE_BATCH))
+def test_two_devices_holding_halves_train_as_one_device_holding_everything(name, monkeypatch):
+    """The collectives, checked against math that has none: 2 devices with 2 environments each end 3 epochs
+    with the parameters, optimiser state, environments and metrics of 1 device holding all 4 and their data.
+
+    The 1-device state is the 2-device one with the environment axis of both devices joined (and device 0's
+    key), so the two runs see the same transitions only if nothing random tells them apart. Controlled here:
+    actions are a function of the policy's inputs (`sampling_without_keys`; DQN explores with epsilon 0),
+    the steps of Pendulum-v1 (MountainCar-v0 for DQN's discrete actions) are deterministic and no episode
+    ends within 3 x 16 steps (a reset would draw a new state per device key), and every update step takes
+    every transition of its device: full batches, shuffled (the mean does not depend on the order) or, where
+    a script draws indices with replacement (awr, dqn_value), `draws_in_order`. Then a mean over the whole
+    batch (a loss, an advantage or return statistic) is the mean of the devices' means, and a maximum
+    (awr/weight_max) the maximum of their maxima: a collective that is missing, or averages something else,
+    moves the 2-device run away from the 1-device one (and a missing gradient pmean also lets the devices'
+    parameters differ). Bugs it catches, each planted once: no gradient pmean (every script), a psum instead
+    (ppo_joint), reinforce's baseline or awr's advantage mean over one device, awr/weight_max a mean of maxima.
+    """
+    module = importlib.import_module(f"algos.{name}")
+    if hasattr(module, "make_distribution"):
+        monkeypatch.setattr(module, "make_distribution", functools.partial(sampling_without_keys,
+                                                                           module.make_distribution))
+    monkeypatch.setattr(jax.random, "randint", draws_in_order)
+    num_envs, num_steps = 4, 3 if name == "dqn_value" else 16  # dqn_value: 3 replay rows, coprime with 2 and 4
+    size = lambda n_devices: num_envs // (n_devices if name in PER_DEVICE_BATCH else 1)  # noqa: E731
+    env = "MountainCar-v0" if name == "dqn_value" else "Pendulum-v1"
+    make = lambda n_devices: module.make_trainer(module.Config(  # noqa: E731
+        env=env, num_envs=num_envs, num_steps=num_steps, n_devices=n_devices, total_steps=3 * 64,
+        **WHOLE_BATCH[name](size(n_devices), num_steps)))
+    two_trainer, one_trainer = make(2), make(1)
+    quick = lambda fn, *args: fn.lower(*args).compile(run.FAST_COMPILE)  # noqa: E731
+    keys = devices.seed_keys(jax.random.PRNGKey(0), 1, 2)
+    two = quick(devices.compile_init(two_trainer.init), keys)(keys)
+    template = jax.eval_shape(devices.compile_init(one_trainer.init), keys[:1])
+
+    def join(x, like):  # [2, seeds, ...] -> [1, seeds, ...]: device 0's copy, or both devices' environments
+        for axis, (a, b) in enumerate(zip(x.shape[1:], like.shape[1:]), 1):
+            if a != b:
+                assert b == 2 * a, (x.shape, like.shape)
+                return jnp.concatenate([x[:1], x[1:]], axis=axis)
+        return x[:1]
+
+    to_one = lambda state: jax.tree.map(join, state, template)  # noqa: E731
+    one = to_one(two)
+    on_two = quick(devices.compile_epoch(two_trainer.epoch, 2, donate=False), two)
+    on_one = quick(devices.compile_epoch(one_trainer.epoch, 1, donate=False), one)
+    for _ in range(3):
+        (two, two_metrics), (one, one_metrics) = on_two(two), on_one(one)
+    first, second = (jax.tree.map(lambda x, i=i: np.asarray(x[i]), two) for i in range(2))
+    replicated = jax.tree.map(lambda x, like: x.shape[1:] == like.shape[1:], two, template)
+    for same, (path, a), b in zip(jax.tree.leaves(replicated), jax.tree_util.tree_leaves_with_path(first),
+                                  jax.tree.leaves(second)):
+        if same and a.dtype != jnp.uint32:  # parameters, optimiser state, counters (not keys): one copy for all
+            np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
+    assert not np.array_equal(first.obs, second.obs)  # the devices hold other environments
+    joined = to_one(two)
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(joined), jax.tree.leaves(one)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+    for key in one_metrics:
+        np.testing.assert_allclose(two_metrics[key][0], one_metrics[key][0], rtol=1e-4, atol=1e-5, err_msg=key)

@@ -354,6 +354,20 @@ def test_epoch_metrics_replay_collection_and_target_sync():
     chex.assert_trees_all_equal(fourth.target_params, third.params)
 
 
+def test_targets_bootstrap_from_the_target_network():
+    """A target network whose every output is 100 above the online network's raises each target by 100 times
+    its discount gamma^m (0 after a termination): the epoch bootstraps from the target network (the first
+    epoch's 4 steps come before the sync at step 6). Bootstrapping from the online network, nothing changes."""
+    c = compiled()
+    same, shifted = c.init(run_keys(0)), c.init(run_keys(0))
+    head = shifted.target_params["head"]
+    shifted = shifted._replace(target_params={**shifted.target_params, "head": {**head, "b": head["b"] + 100.0}})
+    _, same = c.epoch(same)
+    _, shifted = c.epoch(shifted)
+    rise = host(shifted)["q/target_mean"] - host(same)["q/target_mean"]
+    assert np.all((rise > 0.99 ** 3 * 100 * 0.7) & (rise < 100.001)), rise  # 70%+ of the windows bootstrap
+
+
 def test_seeds_differ_and_repeat():
     c = compiled()
     a, b, a2 = c.init(run_keys(0)), c.init(run_keys(1)), c.init(run_keys(0))

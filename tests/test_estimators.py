@@ -10,6 +10,7 @@ episode), not from the recursions the scripts use.
 import functools
 import importlib
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +28,8 @@ COPIES = [
     "algos.actor_critic.td_lambda",
     "algos.actor_critic.gae",
     "algos.awr.td_lambda",
+    "algos.skip_transformer.gae",
+    "algos.dqn_value.td_k",
 ]
 PARAMS = {"monte_carlo": [None], "td_k": [1, 3, 100], "td_lambda": [0.0, 0.6, 0.95, 1.0],
           "gae": [0.0, 0.6, 0.95, 1.0]}
@@ -40,13 +43,32 @@ def returns_only(fn):
     return wrapped
 
 
-# Copies with another signature, and how to call them in the common form.
-ADAPTERS = {"algos.awr.td_lambda": returns_only}
+def n_step_windows(fn):
+    """dqn_value's `n_step_return` over `[N, n]` windows as a k-step estimator of `[T, B]` arrays: the window of
+    step t holds steps t, ..., t + k - 1, cut at the rollout's last step (its newest stored step, as in the replay)."""
+    def td_k(rewards, values, next_values, terminated, dones, gamma, k):
+        chex.assert_rank(rewards, 2)
+        chex.assert_equal_shape([rewards, values, next_values, terminated, dones])
+        T, B = rewards.shape
+        rows = jnp.minimum(jnp.arange(T)[:, None] + jnp.arange(k), T - 1)  # [T, k]
+        window = lambda x: x[rows].transpose(0, 2, 1).reshape(T * B, k)  # noqa: E731  [T, B] -> [T*B, k]
+        cut = window(dones) | window(jnp.broadcast_to(jnp.arange(T)[:, None] == T - 1, (T, B)))
+        returns, discount, last = fn(window(rewards), window(terminated), cut, gamma)
+        boot = jnp.take_along_axis(window(next_values), last[:, None], axis=1)[:, 0]
+        targets = (returns + discount * boot).reshape(T, B)
+        return targets - values, targets
+    return td_k
+
+
+# Copies with another signature, and how to call them in the common form; "module.name" names the estimator a
+# function of another name computes.
+ADAPTERS = {"algos.awr.td_lambda": returns_only, "algos.dqn_value.td_k": n_step_windows}
+SOURCES = {"algos.dqn_value.td_k": "n_step_return"}
 
 
 def resolve(path: str):
     module, name = path.rsplit(".", 1)
-    fn = getattr(importlib.import_module(module), name)
+    fn = getattr(importlib.import_module(module), SOURCES.get(path, name))
     return ADAPTERS.get(path, lambda f: f)(fn), name
 
 
