@@ -47,8 +47,8 @@ class Compiled:
     def __init__(self, module, config):
         make_env = envs.make_env
 
-        def time_limited(env_id):
-            env, params = make_env(env_id)
+        def time_limited(env_id, **kwargs):
+            env, params = make_env(env_id, **kwargs)
             return env, params.replace(max_steps_in_episode=TIME_LIMIT)
 
         with mock.patch.object(envs, "make_env", time_limited):
