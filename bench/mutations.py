@@ -6,7 +6,7 @@ should catch it (`-m "not slow" -x`). A mutation is caught when those tests
 fail. The table goes to stdout and to bench/MUTATIONS.md.
 
     python bench/mutations.py                 # every mutation (about 20 minutes on 2 cores)
-    python bench/mutations.py --only awr-     # names starting with awr-
+    python bench/mutations.py --only awr-,dqn-   # names starting with awr- or dqn-
     python bench/mutations.py --list
 """
 from __future__ import annotations
@@ -150,11 +150,12 @@ def run_one(mutation: Mutation, timeout: float) -> tuple[str, float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="", help="run the mutations whose name starts with this")
+    parser.add_argument("--only", default="", help="run the mutations whose name starts with one of these "
+                                                   "(comma-separated)")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mutation's tests")
     args = parser.parse_args()
-    chosen = [m for m in MUTATIONS if m.name.startswith(args.only)]
+    chosen = [m for m in MUTATIONS if m.name.startswith(tuple(args.only.split(",")))]
     if args.list:
         for m in chosen:
             print(f"{m.name:40s} {m.path}: {m.old!r} -> {m.new!r}")
