@@ -68,9 +68,9 @@ def test_two_processes_train_one_run(tmp_path):
     for code, text in out:
         assert code == 0, text
         assert "on 2 cpu device(s) of 2 processes" in text, text
-    # Only the chief writes; the other process's --out-dir is never created.
+    # Only the chief writes (and holds the directory's lock); the other process's --out-dir is never created.
     assert {p.name for p in (tmp_path / "run0").iterdir()} == {"config.json", "metrics.jsonl", "summary.json",
-                                                               "checkpoints"}
+                                                               "checkpoints", "run.lock"}
     assert not (tmp_path / "run1").exists()
     returns = [float(text.split("eval return ")[1].split()[0]) for _, text in out]
     assert returns[0] == returns[1]  # same parameters, same evaluation episodes
