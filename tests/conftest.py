@@ -26,26 +26,16 @@ def fail_a_hung_test():
     faulthandler.cancel_dump_traceback_later()
 
 
-@pytest.fixture(scope="session")
-def jax_compile_cache(tmp_path_factory):
-    """JAX's persistent compilation cache in a temporary directory for this session.
+@pytest.fixture(scope="session", autouse=True)
+def no_persistent_compile_cache():
+    """The test process compiles without JAX's persistent compilation cache.
 
-    Tests that compile the same program several times (e.g. several `train()`
-    calls with one config) load it from here instead of recompiling it. The
-    cache is reset first because JAX decides once per process whether to use
-    one; the previous settings come back at the end of the session.
+    With it, jaxlib 0.10 twice killed the whole run with a segmentation fault inside
+    `executable.serialize()` (writing a cache entry, late in the suite, at a different
+    test each time). Tests of the cache itself run scripts in subprocesses with a
+    cache directory of their own (tests/test_compile_cache.py).
     """
     import jax
-    from jax.experimental.compilation_cache import compilation_cache
 
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    before = {name: getattr(jax.config, name) for name in names}
-    compilation_cache.reset_cache()
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_enable_compilation_cache", False)
     yield
-    for name, value in before.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()

@@ -24,7 +24,6 @@ from algos.actor_critic import Batch, Config, make_trainer, policy_loss, value_l
 from common import devices, run
 from common.distributions import make_distribution
 
-pytestmark = pytest.mark.usefixtures("jax_compile_cache")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(num_envs=4, num_steps=32, policy_batch_size=64, value_batch_size=32, policy_train_steps=3,

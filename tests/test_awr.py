@@ -273,7 +273,7 @@ def test_k_at_least_the_number_of_actions_enumerates_them():
     chex.assert_trees_all_equal(*finals)  # sampled, K = 2 and K = 4 would draw different actions
 
 
-def test_same_seed_same_params_other_seed_differs(tmp_path, jax_compile_cache):
+def test_same_seed_same_params_other_seed_differs(tmp_path):
     config = lambda seed, name: Config(**TINY, seed=seed, n_devices=1, q_value=True, n_samples=2,  # noqa: E731
                                        out_dir=str(tmp_path / name))
     finals = {}

@@ -26,7 +26,6 @@ from algos.dqn_value import (Batch, Config, Transition, bootstrap_value, dqn_los
                              make_trainer, n_step_return, sample_batch, td_loss, write_rows)
 from common import devices, envs, run
 
-pytestmark = pytest.mark.usefixtures("jax_compile_cache")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "dqn_value.py"

@@ -19,7 +19,6 @@ from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
 from common import devices, envs, run
 
-pytestmark = pytest.mark.usefixtures("jax_compile_cache")
 
 
 def host(tree):

@@ -26,7 +26,6 @@ from algos.ppo_joint import Batch, Config, gae, make_trainer, ppo_loss
 from common import devices, run
 from common.distributions import make_distribution
 
-pytestmark = pytest.mark.usefixtures("jax_compile_cache")
 
 # 4 envs x 32 steps: random CartPole episodes (about 20 steps) finish inside one epoch.
 TINY = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, total_steps=4 * 32 * 20)

@@ -104,7 +104,7 @@ def assert_same_run(whole: Path, resumed: Path):
 # ppo_joint's and dqn_value's own test files resume them after max_epochs (tests/test_ppo_joint.py,
 # tests/test_dqn_value.py)
 @pytest.mark.parametrize("name", ["awr", "actor_critic", "reinforce", "skip_transformer"])
-def test_resume_after_ctrl_c_ends_as_the_uninterrupted_run(tmp_path, jax_compile_cache, uninterrupted, name):
+def test_resume_after_ctrl_c_ends_as_the_uninterrupted_run(tmp_path, uninterrupted, name):
     """`max_epochs` stops as Ctrl-C does (a checkpoint at the epoch reached); --resume then ends bit for bit
     where the uninterrupted run ends: awr's replay ring, skip_transformer's depth key and gradient step count,
     every optimiser and environment state and key travel in the checkpoint."""
@@ -141,7 +141,7 @@ run.train(module.Config(**{config!r}), module.make_trainer, {name!r})
 
 @pytest.mark.slow  # a fresh process per script: 10-30 s each
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_resume_after_kill_9_ends_as_the_uninterrupted_run(tmp_path, jax_compile_cache, uninterrupted, name):
+def test_resume_after_kill_9_ends_as_the_uninterrupted_run(tmp_path, uninterrupted, name):
     """A run killed with SIGKILL after logging epoch 3 (its newest checkpoint: epoch 2) resumes from that
     checkpoint, drops epoch 3 from metrics.jsonl, and ends bit for bit as the uninterrupted run."""
     module, cfg = resume_config(name, tmp_path / "run")
@@ -174,7 +174,7 @@ def test_resume_after_kill_9_ends_as_the_uninterrupted_run(tmp_path, jax_compile
 # ----------------------------------------------------------------------------
 # load_agent: Box actions and a swept run
 # ----------------------------------------------------------------------------
-def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path, jax_compile_cache):
+def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path):
     """ppo_joint on Pendulum-v1 (a Box action) with --sweep lr=... and 2 seeds: `seed=i` is entry i of the
     member-major seed axis (member i // 2, seed i % 2), whose swept value the checkpoint holds beside its
     parameters; its actions are the trainer's greedy (clipped mean) actions on those parameters."""

@@ -23,7 +23,6 @@ from algos.reinforce import Batch, Config, make_trainer, reinforce_loss
 from common import devices, run
 from common.distributions import make_distribution
 
-pytestmark = pytest.mark.usefixtures("jax_compile_cache")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(num_envs=4, num_steps=32, batch_size=64, train_steps=2, total_steps=4 * 32 * 20, baseline=True)

@@ -153,7 +153,7 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(cache, tmp_path):
 
 
 # 5. A write cut short: a torn metrics line, a full disk
-def test_a_full_disk_stops_with_one_line_and_resume_drops_the_torn_line(tmp_path, monkeypatch, jax_compile_cache,
+def test_a_full_disk_stops_with_one_line_and_resume_drops_the_torn_line(tmp_path, monkeypatch,
                                                                         capsys):
     import builtins
     import errno
@@ -198,7 +198,7 @@ def test_a_full_disk_stops_with_one_line_and_resume_drops_the_torn_line(tmp_path
 
 
 # 6. Divergence advice that can be followed: --resume takes the float flags and records the change
-def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, jax_compile_cache, capsys):
+def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, capsys):
     from algos import ppo_joint
     from common import run
 

@@ -25,7 +25,6 @@ from algos.skip_transformer import Batch, Config, make_trainer
 from common import devices, run, skipping
 from common.distributions import make_distribution
 
-pytestmark = pytest.mark.usefixtures("jax_compile_cache")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(num_envs=4, num_steps=32, update_epochs=2, num_minibatches=2, total_steps=4 * 32 * 20,

@@ -26,7 +26,6 @@ from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
 from common import devices, envs, run
 
-pytestmark = pytest.mark.usefixtures("jax_compile_cache")
 
 TIME_LIMIT = 12  # random CartPole episodes last 8 to ~40 steps: some terminate, most are truncated
 WARMUP_EPOCHS = 2  # epochs run before the one checked: the observation statistics have moved
