@@ -39,3 +39,14 @@ def no_persistent_compile_cache():
 
     jax.config.update("jax_enable_compilation_cache", False)
     yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+    """Drops JAX's in-memory caches of compiled programs after each test file: every live XLA:CPU
+    program holds memory maps, and one process running the whole suite neared Linux's per-process
+    limit (vm.max_map_count, 65530 by default), ending in a segfault."""
+    yield
+    import jax
+
+    jax.clear_caches()
