@@ -441,7 +441,7 @@ def test_transformer_beats_a_memoryless_policy(tmp_path):
 def saved_run(tmp_path_factory):
     """A 2-seed run trained through main, as a user starts one."""
     out_dir = tmp_path_factory.mktemp("saved") / "run"
-    st.main([*CLI_TINY, "--num-seeds", "2", "--n-devices", "1", "--eval-episodes", "2", "--out-dir", str(out_dir)])
+    st.main([*CLI_TINY, "--num-seeds", "2", "--n-devices", "1", "--out-dir", str(out_dir)])
     return out_dir
 
 
