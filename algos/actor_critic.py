@@ -27,13 +27,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from common import devices, envs, run  # noqa: E402
+from common import cli, devices, envs, nets, run  # noqa: E402
 from common.distributions import make_distribution  # noqa: E402
 from common.metrics import residual_metrics  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(run.RunConfig):
+class Config(cli.RunConfig):
     num_envs: int = 8
     """parallel environments (split over devices)"""
     num_steps: int = 128
@@ -94,35 +94,35 @@ class Config(run.RunConfig):
         super().__post_init__()
         for name in ("loss", "advantage", "policy_lr_schedule", "value_lr_schedule", "activation", "std"):
             choices = typing.get_args(typing.get_type_hints(Config)[name])
-            run._require(getattr(self, name) in choices, f"--{name.replace('_', '-')} {getattr(self, name)!r}: "
-                                                         f"use one of {', '.join(choices)}")
+            cli.require(getattr(self, name) in choices, f"--{name.replace('_', '-')} {getattr(self, name)!r}: "
+                                                        f"use one of {', '.join(choices)}")
         for name in ("num_envs", "num_steps", "td_k", "value_batch_size", "value_train_steps"):
-            run._require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+            cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         for name in ("policy_batch_size", "policy_train_steps"):
-            run._require(getattr(self, name) >= 0, f"--{name.replace('_', '-')} must be 0 (the --loss default) "
-                                                   f"or more")
-        run._require(self.loss == "a2c" or self.policy_steps > 1,
-                     "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only step): "
-                     "use 2 or more, or 0 for the default 16")
+            cli.require(getattr(self, name) >= 0, f"--{name.replace('_', '-')} must be 0 (the --loss default) "
+                                                  f"or more")
+        cli.require(self.loss == "a2c" or self.policy_steps > 1,
+                    "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only step): "
+                    "use 2 or more, or 0 for the default 16")
         for name in ("policy_lr", "value_lr"):
-            run._require(getattr(self, name) > 0, f"--{name.replace('_', '-')} {getattr(self, name)}: "
-                                                  f"use a positive learning rate")
-        run._require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
-        run._require(0 <= self.lam <= 1, f"--lam {self.lam}: use a value in [0, 1]")
-        run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
-        run._require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
-        run.require_non_negative(self, "ent_coef")
-        run._require(self.advantage != "td-k" or self.td_k <= self.num_steps,
-                     f"--td-k {self.td_k} is longer than the rollout (--num-steps {self.num_steps}); use at most that")
-        run._require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
-        run._require(0 <= self.n_shared_layers <= len(self.hidden),
-                     f"--n-shared-layers {self.n_shared_layers}: the networks have {len(self.hidden)} hidden "
-                     f"layers (--hidden {' '.join(map(str, self.hidden))}); use 0 to {len(self.hidden)}")
-        run._require(not self.scale_value_targets or self.gamma < 1,
-                     "--scale-value-targets divides by 1 - gamma: use --gamma below 1")
-        run._require(self.n_replay_epochs == 1,
-                     f"--n-replay-epochs {self.n_replay_epochs}: --loss {self.loss} is on-policy and trains only "
-                     f"on the current epoch's transitions; use 1")
+            cli.require(getattr(self, name) > 0, f"--{name.replace('_', '-')} {getattr(self, name)}: "
+                                                 f"use a positive learning rate")
+        cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
+        cli.require(0 <= self.lam <= 1, f"--lam {self.lam}: use a value in [0, 1]")
+        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        cli.require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
+        cli.require_non_negative(self, "ent_coef")
+        cli.require(self.advantage != "td-k" or self.td_k <= self.num_steps,
+                    f"--td-k {self.td_k} is longer than the rollout (--num-steps {self.num_steps}); use at most that")
+        cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
+        cli.require(0 <= self.n_shared_layers <= len(self.hidden),
+                    f"--n-shared-layers {self.n_shared_layers}: the networks have {len(self.hidden)} hidden "
+                    f"layers (--hidden {' '.join(map(str, self.hidden))}); use 0 to {len(self.hidden)}")
+        cli.require(not self.scale_value_targets or self.gamma < 1,
+                    "--scale-value-targets divides by 1 - gamma: use --gamma below 1")
+        cli.require(self.n_replay_epochs == 1,
+                    f"--n-replay-epochs {self.n_replay_epochs}: --loss {self.loss} is on-policy and trains only "
+                    f"on the current epoch's transitions; use 1")
 
     @property
     def policy_steps(self) -> int:
@@ -140,7 +140,7 @@ class Config(run.RunConfig):
 # Networks: plain functions over parameter pytrees
 # ----------------------------------------------------------------------------
 def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    w = devices.orthogonal(key, (n_in, n_out), scale)
+    w = nets.orthogonal(key, (n_in, n_out), scale)
     return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 
 
@@ -346,23 +346,23 @@ def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     if dist.discrete and config.std != "param":
-        raise ValueError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
+        raise cli.ConfigError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
     n_devices = config.n_devices or jax.local_device_count()
     if config.num_envs % n_devices:
-        raise ValueError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
-                         f"use a multiple of {n_devices}")
+        raise cli.ConfigError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
+                              f"use a multiple of {n_devices}")
     envs_per_device = config.num_envs // n_devices
     rollout_size = envs_per_device * config.num_steps  # transitions per device and epoch
     for name, size in (("policy_batch_size", config.policy_batch), ("value_batch_size", config.value_batch_size)):
         if size < 1 or size % n_devices or size > config.num_envs * config.num_steps:
-            raise ValueError(f"--{name.replace('_', '-')} {size}: use a multiple of --n-devices {n_devices} of "
-                             f"at most {config.num_envs} envs x {config.num_steps} steps = "
-                             f"{config.num_envs * config.num_steps}")
+            raise cli.ConfigError(f"--{name.replace('_', '-')} {size}: use a multiple of --n-devices {n_devices} of "
+                                  f"at most {config.num_envs} envs x {config.num_steps} steps = "
+                                  f"{config.num_envs * config.num_steps}")
     steps_per_epoch = config.num_envs * config.num_steps
     num_epochs = config.total_steps // steps_per_epoch
     if num_epochs < 1:
-        raise ValueError(f"--total-steps {config.total_steps} is less than one epoch "
-                         f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
+        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
+                              f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
     obs_dim = int(np.prod(env.observation_space(env_params).shape))
     value_scale = 1.0 / (1.0 - config.gamma) if config.scale_value_targets else 1.0
 
@@ -480,7 +480,7 @@ def make_trainer(config: Config) -> run.Trainer:
     def params(state):  # what act needs
         return (state.runner.policy_params, state.obs_stats) if config.normalize_obs else state.policy_params
 
-    return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
+    return run.Trainer(init=init, epoch=epoch, act=act, policy=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
                        rollout=rollout)
 

@@ -33,12 +33,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from common import devices, envs, run  # noqa: E402
+from common import cli, devices, envs, nets, run  # noqa: E402
 from common.distributions import make_distribution  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(run.RunConfig):
+class Config(cli.RunConfig):
     num_envs: int = 8
     """parallel environments (split over devices)"""
     num_steps: int = 128
@@ -102,30 +102,30 @@ class Config(run.RunConfig):
         super().__post_init__()
         for name in ("num_envs", "num_steps", "policy_batch_size", "policy_steps", "value_batch_size",
                      "value_steps"):
-            run._require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-        run._require(self.n_replay_epochs >= 1, f"--n-replay-epochs {self.n_replay_epochs}: the replay "
-                     "must hold at least one epoch; use 1 or more")
-        run._require(self.n_samples >= 1, f"--n-samples {self.n_samples}: use at least 1")
-        run._require(self.q_value or self.n_samples == 1,
-                     f"--n-samples {self.n_samples} needs --q-value (plain AWR weights the taken action only)")
+            cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+        cli.require(self.n_replay_epochs >= 1, f"--n-replay-epochs {self.n_replay_epochs}: the replay "
+                    "must hold at least one epoch; use 1 or more")
+        cli.require(self.n_samples >= 1, f"--n-samples {self.n_samples}: use at least 1")
+        cli.require(self.q_value or self.n_samples == 1,
+                    f"--n-samples {self.n_samples} needs --q-value (plain AWR weights the taken action only)")
         for flag, changed in (("--reweight", self.reweight), ("--q-aggregate", self.q_aggregate != "mean"),
                               ("--q-temperature", self.q_temperature != 1.0),
                               ("--q-normalization", self.q_normalization != "none")):
-            run._require(self.q_value or not changed, f"{flag} applies to Sampling AWR: add --q-value")
-        run._require(self.q_temperature > 0, f"--q-temperature {self.q_temperature}: use a positive value")
-        run._require(self.beta > 0 and self.w_max > 0, "--beta and --w-max must be positive")
-        run._require(min(self.policy_lr, self.value_lr) > 0, "--policy-lr and --value-lr must be positive")
-        run._require(0 <= self.gamma <= 1 and 0 <= self.td_lambda <= 1, "--gamma and --td-lambda: use [0, 1]")
-        run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
-        run.require_non_negative(self, "ent_coef")
-        run._require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
+            cli.require(self.q_value or not changed, f"{flag} applies to Sampling AWR: add --q-value")
+        cli.require(self.q_temperature > 0, f"--q-temperature {self.q_temperature}: use a positive value")
+        cli.require(self.beta > 0 and self.w_max > 0, "--beta and --w-max must be positive")
+        cli.require(min(self.policy_lr, self.value_lr) > 0, "--policy-lr and --value-lr must be positive")
+        cli.require(0 <= self.gamma <= 1 and 0 <= self.td_lambda <= 1, "--gamma and --td-lambda: use [0, 1]")
+        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        cli.require_non_negative(self, "ent_coef")
+        cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
 
 
 # ----------------------------------------------------------------------------
 # Networks: plain functions over parameter pytrees
 # ----------------------------------------------------------------------------
 def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    w = devices.orthogonal(key, (n_in, n_out), scale)
+    w = nets.orthogonal(key, (n_in, n_out), scale)
     return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 
 
@@ -328,21 +328,21 @@ def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     if dist.discrete and config.std != "param":
-        raise ValueError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
+        raise cli.ConfigError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
     n_devices = config.n_devices or jax.local_device_count()
     if config.num_envs % n_devices:
-        raise ValueError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
-                         f"use a multiple of {n_devices}")
+        raise cli.ConfigError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
+                              f"use a multiple of {n_devices}")
     envs_per_device, T, m, K = config.num_envs // n_devices, config.num_steps, config.n_replay_epochs, config.n_samples
     steps_per_epoch = config.num_envs * T
     num_epochs = config.total_steps // steps_per_epoch
     if num_epochs < 1:
-        raise ValueError(f"--total-steps {config.total_steps} is less than one epoch "
-                         f"({config.num_envs} envs x {T} steps = {steps_per_epoch})")
+        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
+                              f"({config.num_envs} envs x {T} steps = {steps_per_epoch})")
     if config.q_value and K == 1 and not (dist.discrete and dist.n == 1):
-        raise ValueError("--q-value with --n-samples 1 learns nothing: every advantage Q(s, a_1) - mean_k Q(s, a_k) "
-                         "is 0; use --n-samples 2 or more" + (f" ({dist.n} enumerates every action of {config.env})"
-                                                             if dist.discrete else ""))
+        raise cli.ConfigError("--q-value with --n-samples 1 learns nothing: every advantage Q(s, a_1) - mean_k Q(s, a_k) "
+                              "is 0; use --n-samples 2 or more" + (f" ({dist.n} enumerates every action of {config.env})"
+                                                                  if dist.discrete else ""))
     # K >= A discrete actions: every action once, weighted by mu(a|s) -- the expectation that K samples only
     # estimate. Sampled, a near-deterministic mu gives K copies of one action, every A_k = 0, and the policy
     # can never leave it (CartPole, K = 4: 2 of 32 seeds stuck at return 9; enumerated: 0 of 40).
@@ -364,9 +364,9 @@ def make_trainer(config: Config) -> run.Trainer:
     n_buffer = m * T * envs_per_device
     for name in ("policy_batch_size", "value_batch_size"):  # batches are drawn from one device's replay
         if getattr(config, name) > n_buffer:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(config, name)} is larger than the replay: "
-                             f"{m} epochs x {envs_per_device} envs x {T} steps = {n_buffer} transitions per device; "
-                             f"use at most {n_buffer}")
+            raise cli.ConfigError(f"--{name.replace('_', '-')} {getattr(config, name)} is larger than the replay: "
+                                  f"{m} epochs x {envs_per_device} envs x {T} steps = {n_buffer} transitions per device; "
+                                  f"use at most {n_buffer}")
 
     def critic(params, obs, actions=None):  # [N, ...] (and [N, K, ...]) -> [N] (or [N, K])
         if actions is None:
@@ -544,7 +544,7 @@ def make_trainer(config: Config) -> run.Trainer:
     def params(state):  # what act needs
         return (state.runner.policy, state.obs_stats) if config.normalize_obs else state.policy
 
-    return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env, env_params=env_params,
+    return run.Trainer(init=init, epoch=epoch, act=act, policy=params, env=env, env_params=env_params,
                        steps_per_epoch=steps_per_epoch, num_epochs=num_epochs, rollout=rollout)
 
 

@@ -31,11 +31,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from common import devices, envs, run  # noqa: E402
+from common import cli, devices, envs, nets, run  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(run.RunConfig):
+class Config(cli.RunConfig):
     total_steps: int = 150_000
     """environment steps to train for (per seed)"""
     num_envs: int = 10
@@ -80,27 +80,27 @@ class Config(run.RunConfig):
     def __post_init__(self):
         super().__post_init__()
         for name in ("num_envs", "num_steps", "update_steps", "batch_size", "n_replay_epochs"):
-            run._require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-        run._require(self.n_step >= 1, f"--n-step {self.n_step}: use 1 (one-step targets) or more")
-        run._require(self.sync_freq >= 1, f"--sync-freq {self.sync_freq}: use 1 (sync after every "
-                                          f"gradient step) or more")
-        run._require(self.replay_size >= self.batch_size,
-                     f"--n-replay-epochs {self.n_replay_epochs}: the replay holds {self.replay_size} transitions "
-                     f"({self.n_replay_epochs} epochs x {self.num_envs} envs x {self.num_steps} steps), fewer "
-                     f"than --batch-size {self.batch_size}; keep more epochs or use a smaller batch")
-        run._require(self.n_step <= self.n_replay_epochs * self.num_steps,
-                     f"--n-step {self.n_step} is longer than the replay's {self.n_replay_epochs * self.num_steps} "
-                     f"steps per environment; use a smaller --n-step or more --n-replay-epochs")
-        run._require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
-        run._require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
-        run._require(self.gamma < 1 or not self.scale_value_targets,
-                     "--scale-value-targets divides by 1 - gamma: use --gamma below 1")
-        run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+            cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+        cli.require(self.n_step >= 1, f"--n-step {self.n_step}: use 1 (one-step targets) or more")
+        cli.require(self.sync_freq >= 1, f"--sync-freq {self.sync_freq}: use 1 (sync after every "
+                                         f"gradient step) or more")
+        cli.require(self.replay_size >= self.batch_size,
+                    f"--n-replay-epochs {self.n_replay_epochs}: the replay holds {self.replay_size} transitions "
+                    f"({self.n_replay_epochs} epochs x {self.num_envs} envs x {self.num_steps} steps), fewer "
+                    f"than --batch-size {self.batch_size}; keep more epochs or use a smaller batch")
+        cli.require(self.n_step <= self.n_replay_epochs * self.num_steps,
+                    f"--n-step {self.n_step} is longer than the replay's {self.n_replay_epochs * self.num_steps} "
+                    f"steps per environment; use a smaller --n-step or more --n-replay-epochs")
+        cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
+        cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
+        cli.require(self.gamma < 1 or not self.scale_value_targets,
+                    "--scale-value-targets divides by 1 - gamma: use --gamma below 1")
+        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
         for name in ("eps_start", "eps_min"):
             value = getattr(self, name)
-            run._require(0 <= value <= 1, f"--{name.replace('_', '-')} {value}: use a value in [0, 1]")
-        run._require(0 < self.eps_decay <= 1, f"--eps-decay {self.eps_decay}: use a value in (0, 1]")
-        run._require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
+            cli.require(0 <= value <= 1, f"--{name.replace('_', '-')} {value}: use a value in [0, 1]")
+        cli.require(0 < self.eps_decay <= 1, f"--eps-decay {self.eps_decay}: use a value in (0, 1]")
+        cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
 
     @property
     def replay_size(self) -> int:
@@ -112,7 +112,7 @@ class Config(run.RunConfig):
 # Network: plain functions over a parameter pytree
 # ----------------------------------------------------------------------------
 def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    w = devices.orthogonal(key, (n_in, n_out), scale)
+    w = nets.orthogonal(key, (n_in, n_out), scale)
     return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 
 
@@ -268,20 +268,20 @@ def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     space = env.action_space(env_params)
     if not isinstance(space, spaces.Discrete):
-        raise ValueError(f"--env {config.env}: DQN needs discrete actions (one Q output per action), and its "
-                         f"action space is {type(space).__name__}; use an environment with Discrete actions")
+        raise cli.ConfigError(f"--env {config.env}: DQN needs discrete actions (one Q output per action), and its "
+                              f"action space is {type(space).__name__}; use an environment with Discrete actions")
     n_actions = int(space.n)
     n_devices = config.n_devices or jax.local_device_count()
     for name in ("num_envs", "batch_size"):
         if getattr(config, name) % n_devices:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(config, name)} is not divisible by "
-                             f"--n-devices {n_devices}; use a multiple of {n_devices}")
+            raise cli.ConfigError(f"--{name.replace('_', '-')} {getattr(config, name)} is not divisible by "
+                                  f"--n-devices {n_devices}; use a multiple of {n_devices}")
     envs_per_device, batch_per_device = config.num_envs // n_devices, config.batch_size // n_devices
     steps_per_epoch = config.num_envs * config.num_steps
     num_epochs = config.total_steps // steps_per_epoch
     if num_epochs < 1:
-        raise ValueError(f"--total-steps {config.total_steps} is less than one epoch "
-                         f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
+        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
+                              f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
     obs_shape = tuple(env.observation_space(env_params).shape)
     replay_rows = config.n_replay_epochs * config.num_steps
     n_updates = num_epochs * config.update_steps
@@ -368,7 +368,7 @@ def make_trainer(config: Config) -> run.Trainer:
         del key  # greedy (temperature 0)
         return jnp.argmax(network(params, obs, config.activation))
 
-    return run.Trainer(init=init, epoch=epoch, act=act, params=lambda s: s.params, env=env,
+    return run.Trainer(init=init, epoch=epoch, act=act, policy=lambda s: s.params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs)
 
 

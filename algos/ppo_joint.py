@@ -23,13 +23,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from common import devices, envs, run  # noqa: E402
+from common import cli, devices, envs, nets, run  # noqa: E402
 from common.distributions import make_distribution  # noqa: E402
 from common.metrics import residual_metrics  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(run.RunConfig):
+class Config(cli.RunConfig):
     num_envs: int = 8
     """parallel environments (split over devices)"""
     num_steps: int = 128
@@ -71,21 +71,21 @@ class Config(run.RunConfig):
     def __post_init__(self):
         super().__post_init__()
         for name in ("num_envs", "num_steps", "update_epochs", "num_minibatches"):
-            run._require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-        run._require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
-        run._require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
-        run._require(0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]")
-        run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
-        run._require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
-        run.require_non_negative(self, "vf_coef", "ent_coef")
-        run._require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
+            cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+        cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
+        cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
+        cli.require(0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]")
+        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        cli.require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
+        cli.require_non_negative(self, "vf_coef", "ent_coef")
+        cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
 
 
 # ----------------------------------------------------------------------------
 # Network: plain functions over a parameter pytree
 # ----------------------------------------------------------------------------
 def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    w = devices.orthogonal(key, (n_in, n_out), scale)
+    w = nets.orthogonal(key, (n_in, n_out), scale)
     return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 
 
@@ -212,21 +212,21 @@ def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     if dist.discrete and config.std != "param":
-        raise ValueError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
+        raise cli.ConfigError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
     n_devices = config.n_devices or jax.local_device_count()
     if config.num_envs % n_devices:
-        raise ValueError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
-                         f"use a multiple of {n_devices}")
+        raise cli.ConfigError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
+                              f"use a multiple of {n_devices}")
     envs_per_device = config.num_envs // n_devices
     batch_size = envs_per_device * config.num_steps
     if batch_size % config.num_minibatches:
-        raise ValueError(f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
-                         f"{envs_per_device} envs x {config.num_steps} steps = {batch_size}")
+        raise cli.ConfigError(f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
+                              f"{envs_per_device} envs x {config.num_steps} steps = {batch_size}")
     steps_per_epoch = config.num_envs * config.num_steps
     num_epochs = config.total_steps // steps_per_epoch
     if num_epochs < 1:
-        raise ValueError(f"--total-steps {config.total_steps} is less than one epoch "
-                         f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
+        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
+                              f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
     obs_dim = int(np.prod(env.observation_space(env_params).shape))
     n_updates = num_epochs * config.update_epochs * config.num_minibatches
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
@@ -321,7 +321,7 @@ def make_trainer(config: Config) -> run.Trainer:
     def params(state):  # what act needs
         return (state.runner.params, state.obs_stats) if config.normalize_obs else state.params
 
-    return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
+    return run.Trainer(init=init, epoch=epoch, act=act, policy=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
                        rollout=rollout)
 

@@ -32,13 +32,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from common import devices, envs, run, skipping  # noqa: E402
+from common import cli, devices, envs, run, skipping  # noqa: E402
 from common.distributions import make_distribution  # noqa: E402
 from common.metrics import residual_metrics  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(run.RunConfig):
+class Config(cli.RunConfig):
     env: str = "CartPoleNoVel-v1"
     """gymnax environment id, or CartPoleNoVel-v1: CartPole-v1 with its velocities hidden"""
     total_steps: int = 200_000
@@ -93,19 +93,19 @@ class Config(run.RunConfig):
         super().__post_init__()
         for name in ("num_envs", "num_steps", "update_epochs", "num_minibatches", "context_len", "d_model",
                      "n_heads", "d_ff", "n_layers"):
-            run._require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-        run._require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
-        run._require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
-        run._require(0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]")
-        run._require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
-        run._require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
-        run.require_non_negative(self, "vf_coef", "ent_coef")
-        run._require(self.d_model % self.n_heads == 0,
-                     f"--d-model {self.d_model} is not divisible by --n-heads {self.n_heads}; use a multiple")
-        run._require(0 <= self.skip_fraction < 1, f"--skip-fraction {self.skip_fraction}: use a value in [0, 1)")
-        run._require(self.skip_warmup_steps >= 0, f"--skip-warmup-steps {self.skip_warmup_steps}: use 0 or more")
-        run._require(0 <= self.eval_depth <= self.n_layers,
-                     f"--eval-depth {self.eval_depth}: use 1 to --n-layers {self.n_layers}, or 0 for all")
+            cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+        cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
+        cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
+        cli.require(0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]")
+        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        cli.require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
+        cli.require_non_negative(self, "vf_coef", "ent_coef")
+        cli.require(self.d_model % self.n_heads == 0,
+                    f"--d-model {self.d_model} is not divisible by --n-heads {self.n_heads}; use a multiple")
+        cli.require(0 <= self.skip_fraction < 1, f"--skip-fraction {self.skip_fraction}: use a value in [0, 1)")
+        cli.require(self.skip_warmup_steps >= 0, f"--skip-warmup-steps {self.skip_warmup_steps}: use 0 or more")
+        cli.require(0 <= self.eval_depth <= self.n_layers,
+                    f"--eval-depth {self.eval_depth}: use 1 to --n-layers {self.n_layers}, or 0 for all")
 
 
 # ----------------------------------------------------------------------------
@@ -354,23 +354,23 @@ def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = make_env(config.env, config.context_len)
     if config.context_len > env_params.max_steps_in_episode:
-        raise ValueError(f"--context-len {config.context_len} is longer than an episode of {config.env} "
-                         f"({env_params.max_steps_in_episode} steps); use at most {env_params.max_steps_in_episode}")
+        raise cli.ConfigError(f"--context-len {config.context_len} is longer than an episode of {config.env} "
+                              f"({env_params.max_steps_in_episode} steps); use at most {env_params.max_steps_in_episode}")
     dist = make_distribution(env.action_space(env_params))
     n_devices = config.n_devices or jax.local_device_count()
     if config.num_envs % n_devices:
-        raise ValueError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
-                         f"use a multiple of {n_devices}")
+        raise cli.ConfigError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
+                              f"use a multiple of {n_devices}")
     envs_per_device = config.num_envs // n_devices
     batch_size = envs_per_device * config.num_steps
     if batch_size % config.num_minibatches:
-        raise ValueError(f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
-                         f"{envs_per_device} envs x {config.num_steps} steps = {batch_size}")
+        raise cli.ConfigError(f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
+                              f"{envs_per_device} envs x {config.num_steps} steps = {batch_size}")
     steps_per_epoch = config.num_envs * config.num_steps
     num_epochs = config.total_steps // steps_per_epoch
     if num_epochs < 1:
-        raise ValueError(f"--total-steps {config.total_steps} is less than one epoch "
-                         f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
+        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
+                              f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
     n_updates = num_epochs * config.update_epochs * config.num_minibatches
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
     clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
@@ -470,7 +470,7 @@ def make_trainer(config: Config) -> run.Trainer:
     def params(state):  # what act needs
         return (state.runner.params, state.obs_stats) if config.normalize_obs else state.params
 
-    return run.Trainer(init=init, epoch=epoch, act=act, params=params, env=env,
+    return run.Trainer(init=init, epoch=epoch, act=act, policy=params, env=env,
                        env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
                        rollout=rollout)
 
@@ -489,7 +489,7 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
     trainer, keys = run.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices, init_key)
     template = jax.eval_shape(devices.compile_init(trainer.init), keys)
     state, epoch = run.load_checkpoint(run.latest_checkpoint(run_dir / "checkpoints"), template)
-    params, key = trainer.params(devices.unreplicate(state)), jax.random.fold_in(eval_key, epoch)  # [runs, ...]
+    params, key = trainer.policy(devices.unreplicate(state)), jax.random.fold_in(eval_key, epoch)  # [runs, ...]
     dist = make_distribution(trainer.env.action_space(trainer.env_params))
     returns = {}
     for depth in range(1, config.n_layers + 1):
@@ -504,7 +504,7 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
 
 def main(argv=None) -> dict:
     """run.main, plus the greedy return at every depth (printed, and added to summary.json)."""
-    config = run.parse_config(Config, argv, __doc__.split("\n\n")[0])
+    config = cli.parse_config(Config, argv, __doc__.split("\n\n")[0])
     per_epoch = config.update_epochs * config.num_minibatches
     grad_steps = config.total_steps // (config.num_envs * config.num_steps) * per_epoch
     unskipped = skipping.steps_without_skipping(config.n_layers, config.skip_warmup_steps)
@@ -519,7 +519,7 @@ def main(argv=None) -> dict:
                                                      f"{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         summary = run.train(config, make_trainer, "skip_transformer")
-    except ValueError as error:  # configuration that only the environment can reject
+    except cli.ConfigError as error:  # configuration that only the environment can reject
         raise SystemExit(f"error: {error}") from None
     print(f"eval return {summary['eval_return']:.2f} (greedy, {config.eval_episodes} episodes)", flush=True)
     if jax.process_index() != 0:  # several hosts: the chief evaluates the depths (programs of one device)

@@ -19,11 +19,14 @@ import os
 import socket
 import sys
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
+
+from common import cli
 
 DEVICE_AXIS = "devices"
 ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = "JTRAX_COORDINATOR", "JTRAX_NUM_PROCESSES", "JTRAX_PROCESS_ID"
@@ -35,7 +38,7 @@ def init_distributed(coordinator: str = "", num_processes: int = 0, process_id: 
 
     Unset arguments (`""`, 0, -1) come from $JTRAX_COORDINATOR, $JTRAX_NUM_PROCESSES
     and $JTRAX_PROCESS_ID; no coordinator at all: one process, nothing to do.
-    Bad values are a ValueError. A process other than 0 first waits up to
+    Bad values are a `cli.ConfigError`. A process other than 0 first waits up to
     `timeout_s` for the coordinator's port to accept connections, and exits with
     a clear message if it never does (jax itself would abort the process, SIGABRT).
     """
@@ -44,21 +47,21 @@ def init_distributed(coordinator: str = "", num_processes: int = 0, process_id: 
     process_id = process_id if process_id != -1 else _env_int(ENV_PROCESS_ID, "--process-id", -1)
     if not coordinator:
         if num_processes > 1 or process_id > 0:
-            raise ValueError(f"--num-processes {num_processes} / --process-id {process_id} need "
-                             f"--coordinator HOST:PORT (or ${ENV_COORDINATOR}): the address of process 0")
+            raise cli.ConfigError(f"--num-processes {num_processes} / --process-id {process_id} need "
+                                  f"--coordinator HOST:PORT (or ${ENV_COORDINATOR}): the address of process 0")
         return
     host, _, port = coordinator.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--coordinator {coordinator!r}: use HOST:PORT, e.g. 10.0.0.1:12345 "
-                         f"(process 0's address and a free port)")
+        raise cli.ConfigError(f"--coordinator {coordinator!r}: use HOST:PORT, e.g. 10.0.0.1:12345 "
+                              f"(process 0's address and a free port)")
     if num_processes < 1:
-        raise ValueError(f"--num-processes {num_processes}: give the number of processes of the run, "
-                         f"1 or more (--num-processes or ${ENV_NUM_PROCESSES})")
+        raise cli.ConfigError(f"--num-processes {num_processes}: give the number of processes of the run, "
+                              f"1 or more (--num-processes or ${ENV_NUM_PROCESSES})")
     if not 0 <= process_id < num_processes:
-        raise ValueError(f"--process-id {process_id}: use 0 to {num_processes - 1} (one per process, "
-                         f"0 is the chief; --process-id or ${ENV_PROCESS_ID})")
+        raise cli.ConfigError(f"--process-id {process_id}: use 0 to {num_processes - 1} (one per process, "
+                              f"0 is the chief; --process-id or ${ENV_PROCESS_ID})")
     if timeout_s < 1:
-        raise ValueError(f"--coordinator-timeout {timeout_s}: use 1 second or more")
+        raise cli.ConfigError(f"--coordinator-timeout {timeout_s}: use 1 second or more")
     print(f"process {process_id} of {num_processes}: joining {coordinator}; jax aborts this process if "
           f"not every process has joined within {timeout_s} s", file=sys.stderr, flush=True)
     if process_id != 0:
@@ -72,7 +75,7 @@ def _env_int(name: str, flag: str, default: int) -> int:
     try:
         return int(text) if text else default
     except ValueError:
-        raise ValueError(f"${name}={text!r}: {flag} must be an integer") from None
+        raise cli.ConfigError(f"${name}={text!r}: {flag} must be an integer") from None
 
 
 def _wait_for_port(host: str, port: int, coordinator: str, timeout_s: float) -> None:
@@ -90,8 +93,14 @@ def _wait_for_port(host: str, port: int, coordinator: str, timeout_s: float) -> 
             time.sleep(0.5)
 
 
-def init_host_and_devices(n_devices: int | None = None, random_seed: int | None = None):
-    """Returns `(is_chief, n_devices, rng)`: the chief is host 0, `n_devices` counts this host's.
+class Host(NamedTuple):
+    is_chief: bool  # process 0: it alone writes
+    n_devices: int  # this host's devices in the run
+    rng: jax.Array  # the run's key, the same on every host
+
+
+def init_host_and_devices(n_devices: int | None = None, random_seed: int | None = None) -> Host:
+    """This host's part in the run: the chief is host 0, `n_devices` counts this host's.
 
     `n_devices` defaults to every local device; more than exist is an error, and
     so is fewer on several hosts (the `pmap` spans every device of every host).
@@ -106,23 +115,23 @@ def init_host_and_devices(n_devices: int | None = None, random_seed: int | None 
     if host_count > 1:
         per_host = [sum(d.process_index == p for d in jax.devices()) for p in range(host_count)]
         if n_devices != available or len(set(per_host)) > 1:
-            raise ValueError(f"--n-devices {n_devices}: a run over {host_count} hosts uses every device of "
-                             f"every host, the same number on each (devices per host: {per_host}); "
-                             f"leave --n-devices at 0")
+            raise cli.ConfigError(f"--n-devices {n_devices}: a run over {host_count} hosts uses every device of "
+                                  f"every host, the same number on each (devices per host: {per_host}); "
+                                  f"leave --n-devices at 0")
     if random_seed is None:
         random_seed = 0 if host_count == 1 else int(multihost_utils.broadcast_one_to_all(
             np.int32(time.time() * 1000 % 2**31)))
     rng = jax.random.fold_in(jax.random.PRNGKey(random_seed), 0)  # 0: the chief's key, on every host
-    return host_id == 0, n_devices, rng
+    return Host(is_chief=host_id == 0, n_devices=n_devices, rng=rng)
 
 
 def check_n_devices(n_devices: int) -> None:
     available = jax.local_device_count()
     if not 1 <= n_devices <= available:
-        raise ValueError(
-            f"--n-devices {n_devices}: this host has {available} "
-            f"{jax.default_backend()} device(s); use --n-devices between 1 and {available}"
-        )
+        raise cli.ConfigError(
+                 f"--n-devices {n_devices}: this host has {available} "
+                 f"{jax.default_backend()} device(s); use --n-devices between 1 and {available}"
+             )
 
 
 def seed_keys(rng: jax.Array, num_seeds: int, n_devices: int) -> jax.Array:
@@ -196,38 +205,28 @@ def unreplicate(tree):
     return jax.tree.map(lambda x: x[0], tree)
 
 
-def orthogonal(key: jax.Array, shape: tuple, scale: float = 1.0) -> jax.Array:
-    """`jax.nn.initializers.orthogonal(scale)` for a 2-D `shape`, built from matmuls only.
+class Layout(NamedTuple):
+    n_devices: int  # devices the environments are split over (every host's)
+    envs_per_device: int
+    rollout_size: int  # transitions of one device and seed per epoch: envs_per_device * num_steps
+    steps_per_epoch: int  # environment steps of one seed per epoch, all devices: num_envs * num_steps
+    num_epochs: int  # total_steps // steps_per_epoch
 
-    Same Gaussian draw, same result up to rounding (Q of its QR with R's
-    diagonal positive): Gram-Schmidt with a second projection pass, one column
-    per scan step. Why not jax's: jaxlib 0.10's LAPACK QR runs a batch (seeds x
-    devices) by handing chunks to XLA:CPU's thread pool from a worker of that
-    pool and waiting; as many concurrent QRs as workers (policy and value nets
-    on 2 cores) deadlock the process.
 
-    Under `vmap` the keys are mapped one by one (`lax.map`), never batched:
-    XLA rounds a batched matmul differently for different batch sizes, and the
-    parameters of a seed must not depend on how many devices or seeds run.
+def layout(config) -> Layout:
+    """How a config's `num_envs` environments, `num_steps` long, split over its devices, and for how many epochs.
+
+    `config.n_devices` 0 means every local device; `--num-envs` must divide
+    evenly and `--total-steps` must hold one epoch (`cli.ConfigError` otherwise).
     """
-    n_rows, n_cols = shape
-    transpose = n_rows < n_cols
-
-    @jax.custom_batching.custom_vmap
-    def draw(key):
-        a = jax.random.normal(key, (n_cols, n_rows) if transpose else (n_rows, n_cols), jnp.float32)
-
-        def add_column(q, j):
-            v = a[:, j]
-            for _ in range(2):  # the second pass restores orthogonality lost to rounding
-                v = v - q @ (q.T @ v)  # columns not yet filled are zero
-            return q.at[:, j].set(v / jnp.linalg.norm(v)), None
-
-        q, _ = jax.lax.scan(add_column, jnp.zeros_like(a), np.arange(a.shape[1]))
-        return q.T if transpose else q
-
-    @draw.def_vmap
-    def _draw_each(axis_size, in_batched, keys):
-        return (jax.lax.map(draw, keys), True) if in_batched[0] else (draw(keys), False)
-
-    return scale * draw(key)
+    n_devices = config.n_devices or jax.local_device_count()
+    cli.require(config.num_envs % n_devices == 0, f"--num-envs {config.num_envs} is not divisible by --n-devices "
+                                                  f"{n_devices}; use a multiple of {n_devices}")
+    steps_per_epoch = config.num_envs * config.num_steps
+    cli.require(config.total_steps >= steps_per_epoch, f"--total-steps {config.total_steps} is less than one epoch "
+                                                       f"({config.num_envs} envs x {config.num_steps} steps = "
+                                                       f"{steps_per_epoch})")
+    envs_per_device = config.num_envs // n_devices
+    return Layout(n_devices=n_devices, envs_per_device=envs_per_device,
+                  rollout_size=envs_per_device * config.num_steps, steps_per_epoch=steps_per_epoch,
+                  num_epochs=config.total_steps // steps_per_epoch)

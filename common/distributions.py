@@ -22,15 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import devices
+from common import cli, nets
 
 Std = Literal["param", "network"]
-
-
-def _dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    """Orthogonal weights scaled by `scale`, zero bias (small last layer)."""
-    w = devices.orthogonal(key, (n_in, n_out), scale)
-    return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 
 
 class Categorical:
@@ -42,7 +36,7 @@ class Categorical:
         self.discrete = True
 
     def head_init(self, key, n_features: int) -> dict:
-        return _dense_init(key, n_features, self.n, 0.01)
+        return nets.dense_init(key, n_features, self.n, 0.01)
 
     def policy_head(self, params: dict, features: jax.Array) -> jax.Array:
         return features @ params["w"] + params["b"]
@@ -81,9 +75,9 @@ class DiagonalGaussian:
 
     def head_init(self, key, n_features: int) -> dict:
         if self.std == "param":
-            return {**_dense_init(key, n_features, self.d, 0.01),
+            return {**nets.dense_init(key, n_features, self.d, 0.01),
                     "log_std": jnp.zeros((self.d,), jnp.float32)}
-        return _dense_init(key, n_features, 2 * self.d, 0.01)
+        return nets.dense_init(key, n_features, 2 * self.d, 0.01)
 
     def policy_head(self, params: dict, features: jax.Array) -> jax.Array:
         out = features @ params["w"] + params["b"]
@@ -124,16 +118,16 @@ class DiagonalGaussian:
 
 
 def make_distribution(space, std: Std = "param"):
-    """The policy distribution for a gymnax action space; ValueError otherwise."""
+    """The policy distribution for a gymnax action space; a `cli.ConfigError` otherwise."""
     from gymnax.environments import spaces
 
     if isinstance(space, spaces.Discrete):
         return Categorical(int(space.n))
     if isinstance(space, spaces.Box):
         if std not in ("param", "network"):
-            raise ValueError(f"std must be 'param' or 'network', got {std!r}")
+            raise cli.ConfigError(f"std must be 'param' or 'network', got {std!r}")
         return DiagonalGaussian(tuple(space.shape), space.low, space.high, std)
-    raise ValueError(
-        f"no policy distribution for action space {space!r} "
-        f"({type(space).__name__}); supported: gymnax Discrete and Box spaces"
-    )
+    raise cli.ConfigError(
+             f"no policy distribution for action space {space!r} "
+             f"({type(space).__name__}); supported: gymnax Discrete and Box spaces"
+         )

@@ -18,11 +18,11 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from common import devices
+from common import cli, devices
 
 
 def make_env(env_id: str, own: tuple[str, ...] = ()):
-    """`(env, env_params)` for a registered gymnax id, or a ValueError listing them and `own`, the ids
+    """`(env, env_params)` for a registered gymnax id, or a `cli.ConfigError` listing them and `own`, the ids
     the calling script makes itself (from a gymnax one), with the nearest as suggestions."""
     import gymnax
 
@@ -31,8 +31,8 @@ def make_env(env_id: str, own: tuple[str, ...] = ()):
         close = difflib.get_close_matches(env_id, known, n=3) + [
             e for e in known if env_id.lower().split("-")[0] in e.lower()]
         hint = f" Did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
-        raise ValueError(f"--env {env_id!r} is not a gymnax environment{' or ' + ', '.join(own) if own else ''}."
-                         f"{hint} Known ids: {', '.join(known)}")
+        raise cli.ConfigError(f"--env {env_id!r} is not a gymnax environment{' or ' + ', '.join(own) if own else ''}."
+                              f"{hint} Known ids: {', '.join(known)}")
     return gymnax.make(env_id)
 
 
@@ -98,6 +98,14 @@ class ObsStats(NamedTuple):
     mean: jax.Array  # [*obs_shape]
     var: jax.Array  # [*obs_shape]
     count: jax.Array  # [] observations seen, on every device together
+
+
+class Policy(NamedTuple):
+    """What a script's `act` reads: the policy's parameters and, with --normalize-obs, the statistics its
+    network normalizes observations with (None: raw observations)."""
+
+    params: Any
+    obs_stats: ObsStats | None = None
 
 
 class Normalized(NamedTuple):

@@ -1,6 +1,6 @@
 """Everything a run does once: CLI, outputs, progress, wandb, checkpoints, the epoch loop.
 
-A script defines a frozen `Config` (a subclass of `RunConfig`) and a
+A script defines a frozen `Config` (a subclass of `cli.RunConfig`) and a
 `make_trainer(config) -> Trainer`; `main(Config, make_trainer)` does the rest.
 
 What a run writes in `--out-dir DIR`:
@@ -22,14 +22,10 @@ and a checkpoint holds every host's devices.
 """
 from __future__ import annotations
 
-import argparse
-import ast
 import copy
 import contextlib
 import dataclasses
 import fcntl
-import inspect
-import itertools
 import json
 import math
 import os
@@ -38,7 +34,6 @@ import signal
 import sys
 import threading
 import time
-import typing
 import warnings
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -49,286 +44,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import devices
+from common import cli, devices
 from common.envs import evaluate
-
-
-# ----------------------------------------------------------------------------
-# Config and CLI
-# ----------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """Flags every script shares. Scripts subclass it with their own fields."""
-
-    env: str = "CartPole-v1"
-    """gymnax environment id"""
-    seed: int = 0
-    """random seed (runs with the same seed and flags are identical)"""
-    num_seeds: int = 1
-    """independent seeds trained side by side in one compiled program"""
-    n_devices: int = 0
-    """devices to split the environments over (0: all local devices)"""
-    total_steps: int = 500_000
-    """environment steps to train for (per seed)"""
-    eval_every: int = 50
-    """greedy evaluation every this many epochs (0: only at the end)"""
-    eval_episodes: int = 32
-    """episodes per greedy evaluation"""
-    checkpoint_every: int = 50
-    """save a checkpoint every this many epochs (and at the end, and on Ctrl-C)"""
-    keep_checkpoints: int = 3
-    """checkpoints kept, the newest (--resume falls back to an older one when the newest is unreadable)"""
-    out_dir: str = ""
-    """run directory; empty: runs/SCRIPT-ENV-seedSEED-TIME"""
-    resume: str = ""
-    """run directory to continue from its last checkpoint, with its config.json; empty: a new run"""
-    overwrite: bool = False
-    """start a new run in an --out-dir that holds one, deleting its checkpoints, metrics and summary"""
-    eval_only: bool = False
-    """with --resume: only evaluate the saved agent"""
-    track: bool = False
-    """log to Weights & Biases (offline when no API key is set)"""
-    wandb_project: str = "jtrax"
-    """wandb project name"""
-    no_compile_cache: bool = False
-    """do not use JAX's persistent compilation cache"""
-    coordinator: str = ""
-    """multi-host: HOST:PORT of process 0, JAX's coordinator (empty: $JTRAX_COORDINATOR; neither: one process)"""
-    num_processes: int = 0
-    """multi-host: number of processes, one per host (0: $JTRAX_NUM_PROCESSES)"""
-    process_id: int = -1
-    """multi-host: this process in [0, num-processes); 0, the chief, alone writes (-1: $JTRAX_PROCESS_ID)"""
-    coordinator_timeout: int = 120
-    """multi-host: seconds to wait for the coordinator and for every process to join"""
-    sweep: tuple[str, ...] = ()
-    """in-process sweep of float flags, NAME=V1,V2,... (e.g. --sweep lr=1e-3,3e-4 ent_coef=0,0.01: their grid);
-    each member trains --num-seeds seeds, all in one compiled program"""
-
-    def __post_init__(self):
-        for name, kind in typing.get_type_hints(type(self)).items():  # what JAX can compute with
-            value = getattr(self, name)
-            _require(kind is not float or math.isfinite(value), f"{flag_name(name)} {value}: use a finite number")
-            _require(kind is not int or abs(value) < 2**31, f"{flag_name(name)} {value}: too large; JAX computes "
-                                                            f"with 32-bit integers: use at most {2**31 - 1}")
-        _require(self.num_seeds >= 1, f"--num-seeds {self.num_seeds}: use 1 or more")
-        _require(self.n_devices >= 0, f"--n-devices {self.n_devices}: use 0 (all) or a positive count")
-        _require(self.total_steps > 0, f"--total-steps {self.total_steps}: use a positive number")
-        _require(self.eval_every >= 0, f"--eval-every {self.eval_every}: use 0 or more")
-        _require(self.eval_episodes >= 1, f"--eval-episodes {self.eval_episodes}: use 1 or more")
-        _require(self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more")
-        _require(self.keep_checkpoints >= 1, f"--keep-checkpoints {self.keep_checkpoints}: use 1 or more "
-                                             f"(2 or more leave one to resume from if the newest is damaged)")
-        _require(not self.eval_only or self.resume, "--eval-only needs --resume DIR (the run to evaluate)")
-        _require(not (self.overwrite and self.resume), "--overwrite starts a new run; --resume continues one: "
-                                                       "give one of them")
-        for member in sweep_members(self) if self.sweep else ():  # every member's flags must be valid
-            dataclasses.replace(self, sweep=(), **member)
-
-
-def float_flags(cls) -> list[str]:
-    """The float flags of a config class: what `--sweep` varies and `--resume` may change."""
-    return sorted(k for k, v in typing.get_type_hints(cls).items() if v is float)
-
-
-def sweep_members(config) -> list[dict]:
-    """The grid of `--sweep`: one `{flag: value}` per member, in order (`[{}]` without a sweep)."""
-    floats = float_flags(type(config))
-    axes: dict[str, list[float]] = {}
-    for item in config.sweep:
-        name, _, text = item.partition("=")
-        name = name.lstrip("-").replace("-", "_")
-        _require(bool(text), f"--sweep {item!r}: use NAME=V1,V2,..., e.g. --sweep lr=1e-3,3e-4")
-        _require(name in floats, f"--sweep {item!r}: {name} is not a float flag of this script; "
-                                 f"sweep one of {', '.join(floats)}")
-        _require(name not in axes, f"--sweep {item!r}: {name} is swept twice; give its values once")
-        try:
-            axes[name] = [float(v) for v in text.split(",")]
-        except ValueError:
-            raise ValueError(f"--sweep {item!r}: {text!r} holds a value that is not a number") from None
-    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
 def n_runs(config) -> int:
     """Seeds x sweep members: the length of the runner state's seed axis."""
-    return config.num_seeds * len(sweep_members(config))
+    return config.num_seeds * len(cli.sweep_members(config))
 
 
 def eval_keys(key, config):
     """One evaluation key per run; every sweep member meets the episodes of a run without the sweep."""
-    return jnp.tile(jax.random.split(key, config.num_seeds), (len(sweep_members(config)), 1))
-
-
-# Flags that steer this invocation rather than define the run: on --resume they
-# come from the command line, everything else from the run's config.json (but
-# for the float flags given, see `parse_config`).
-RUN_CONTROL = ("resume", "overwrite", "eval_only", "track", "no_compile_cache", "eval_episodes", "keep_checkpoints",
-               "n_devices", "coordinator", "num_processes", "process_id", "coordinator_timeout")
+    return jnp.tile(jax.random.split(key, config.num_seeds), (len(cli.sweep_members(config)), 1))
 
 
 # XLA options for programs that run rarely (init, evaluation): a quicker compile.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def require_non_negative(config, *names: str) -> None:
-    """Coefficients (of a loss term, an entropy bonus): 0 (the term off) or more."""
-    for name in names:
-        _require(getattr(config, name) >= 0, f"{flag_name(name)} {getattr(config, name)}: use 0 (off) or more")
-
-
-def field_docs(cls) -> dict[str, str]:
-    """Attribute docstrings (the string after each field) of a dataclass and its bases."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        try:
-            tree = ast.parse(inspect.getsource(klass).lstrip())
-        except (OSError, TypeError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, nxt in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
-                docs[node.target.id] = str(nxt.value.value).strip()
-    return docs
-
-
-def _parse_bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes"):
-        return True
-    if text.lower() in ("0", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _list_of(item: type) -> Callable:
-    """Parses `64` or a list as Python prints it, `[64, 64]`, into a list of `item` (str: as given)."""
-    def parse(text: str) -> list:
-        if item is str:
-            return [text]
-        try:
-            return [item(part) for part in text.replace("[", " ").replace("]", " ").replace(",", " ").split()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {item.__name__} values, got {text!r}") from None
-    return parse
-
-
-class _Once(argparse.Action):
-    """Stores a flag's value; a flag given twice is an error (which of the two was meant?)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if self.dest in parser.given:
-            also = "" if parser.given[self.dest] == option_string else f" (also as {parser.given[self.dest]})"
-            parser.error(f"{option_string} is given twice{also}; give it once")
-        parser.given[self.dest] = option_string
-        setattr(namespace, self.dest, values)
-
-
-class _Concatenate(_Once):
-    def __call__(self, parser, namespace, values, option_string=None):
-        super().__call__(parser, namespace, tuple(x for value in values for x in value), option_string)
-
-
-def build_parser(cls, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    parser.given = {}  # field -> the flag that set it, as parsed
-    docs, hints = field_docs(cls), typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        if kind is bool:  # `--flag` or `--flag=True/False` (as a wandb agent passes it)
-            spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL", action=_Once)
-        elif typing.get_origin(kind) is typing.Literal:
-            spec = dict(choices=typing.get_args(kind), action=_Once)
-        elif typing.get_origin(kind) is tuple:  # `--hidden 64 64` or `--hidden=[64, 64]` (a wandb agent)
-            item = typing.get_args(kind)[0]
-            spec = dict(type=_list_of(item), nargs="+", action=_Concatenate, metavar=item.__name__.upper())
-        else:
-            spec = dict(type=kind, metavar=kind.__name__.upper(), action=_Once)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default,
-                            help=docs.get(f.name, f.name), **spec)
-        if "_" in f.name:  # snake_case alias, hidden from --help
-            parser.add_argument(f"--{f.name}", dest=f.name, help=argparse.SUPPRESS, **spec)
-    return parser
-
-
-def parse_config(cls, argv=None, description: str = ""):
-    """Config from the command line; a bad value exits with its message, before any compile.
-
-    With `--resume DIR`: the flags of DIR's config.json, the run-control flags of
-    this command line (`RUN_CONTROL`), and the float flags it gives (learning
-    rates, coefficients: they change no shape of the state; `train` records the
-    change). Any other flag given with a value other than the run's is refused.
-    """
-    parser = build_parser(cls, description)
-    args = vars(parser.parse_args(argv))
-    try:
-        if args["resume"]:
-            saved = load_config(cls, Path(args["resume"]))
-            changed = {k: args[k] for k in parser.given if k not in RUN_CONTROL and args[k] != getattr(saved, k)}
-            fixed = [k for k in changed if k not in float_flags(cls)]
-            takes = map(flag_name, float_flags(cls) + [k for k in RUN_CONTROL if k not in ("resume", "overwrite")])
-            _require(not fixed, f"--resume {args['resume']} continues that run with the flags of its config.json; "
-                                f"it cannot change {', '.join(map(flag_name, fixed))}: start a new run for "
-                                f"that. --resume takes the float flags and run flags: {', '.join(takes)}")
-            config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL}, **changed,
-                                         out_dir=args["resume"])
-        else:
-            config = cls(**args)
-    except ValueError as error:
-        parser.error(str(error))
-    return config
-
-
-def flag_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
-def load_config(cls, run_dir: Path):
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise ValueError(f"--resume {run_dir}: no config.json there; pass the directory of an earlier run")
-    try:
-        saved = json.loads(path.read_text(errors="replace"))
-    except ValueError as error:
-        raise ValueError(f"--resume {run_dir}: {path} is not JSON ({error}); repair it or start a new run") from None
-    _require(isinstance(saved, dict), f"--resume {run_dir}: {path} holds no flags ({type(saved).__name__}); "
-                                      f"repair it or start a new run")
-    hints = typing.get_type_hints(cls)
-    unknown = sorted(set(saved) - set(hints))
-    _require(not unknown, f"--resume {run_dir}: {path} has flags this script does not know "
-                          f"({', '.join(unknown)}); was it written by another script?")
-    missing = sorted(set(hints) - set(saved) - set(RUN_CONTROL))
-    _require(not missing, f"--resume {run_dir}: {path} lacks {', '.join(missing)}; add them (this script's defaults: "
-                          f"{', '.join(f'{k}: {json.dumps(getattr(cls, k))}' for k in missing)}) or start a new run")
-    for name, value in saved.items():
-        _require(_fits(hints[name], value), f"--resume {run_dir}: {path} sets {name} to {json.dumps(value)}, "
-                                            f"not {_describe(hints[name])}; repair it or start a new run")
-    return cls(**{k: tuple(v) if isinstance(v, list) else float(v) if hints[k] is float else v
-                  for k, v in saved.items()})
-
-
-def _fits(kind, value) -> bool:
-    """Whether a JSON value is one of `kind`: bool, int, float (an int too), str, a Literal, tuple[X, ...]."""
-    if typing.get_origin(kind) is typing.Literal:
-        return value in typing.get_args(kind)
-    if typing.get_origin(kind) is tuple:
-        return isinstance(value, list) and all(_fits(typing.get_args(kind)[0], x) for x in value)
-    if isinstance(value, bool) or kind is bool:
-        return isinstance(value, bool) and kind is bool
-    return isinstance(value, (int, float) if kind is float else kind)
-
-
-def _describe(kind) -> str:
-    if typing.get_origin(kind) is typing.Literal:
-        return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
-    if typing.get_origin(kind) is tuple:
-        return f"a list of {typing.get_args(kind)[0].__name__}"
-    return f"a {kind.__name__}"
 
 
 # ----------------------------------------------------------------------------
@@ -339,8 +70,9 @@ class Trainer(NamedTuple):
 
     `init(key) -> state` and `epoch(state) -> (state, metrics)` run under
     `devices.compile_epoch`; `epoch` must average gradients over
-    `devices.DEVICE_AXIS`. `act(params, obs, key)` is the greedy action for one
-    observation; `params(state)` picks what `act` needs out of the state. An `env`
+    `devices.DEVICE_AXIS`. `act(policy, obs, key)` is the greedy action for one
+    observation; `policy(state)` picks what `act` needs out of the state (an
+    `envs.Policy`: the policy's parameters and observation statistics). An `env`
     that observes through a window of past observations (skip_transformer's
     `ContextWindow`) has `observe(window, obs, first) -> window`, `window_shape`
     and `raw_obs_shape`, so that `load_agent` can keep windows for a caller.
@@ -352,7 +84,7 @@ class Trainer(NamedTuple):
     init: Callable
     epoch: Callable
     act: Callable
-    params: Callable
+    policy: Callable
     env: Any
     env_params: Any
     steps_per_epoch: int  # environment steps of one seed in one epoch, all devices
@@ -412,7 +144,7 @@ def open_run_dir(run_dir: Path, config):
 # ----------------------------------------------------------------------------
 # Checkpoints
 # ----------------------------------------------------------------------------
-def save_checkpoint(directory: Path, state, epoch: int, keep: int = RunConfig.keep_checkpoints) -> Path:
+def save_checkpoint(directory: Path, state, epoch: int, keep: int = cli.RunConfig.keep_checkpoints) -> Path:
     """Writes the whole state atomically (temporary file, then rename); keeps the newest `keep`."""
     directory.mkdir(parents=True, exist_ok=True)
     leaves, treedef = jax.tree.flatten(jax.device_get(state))
@@ -444,12 +176,12 @@ def non_finite(state) -> list[str]:
 
 def divergence_advice(config, saved: Path | None, run_dir: Path) -> str:
     """What to do after a divergence: --resume with a lower learning rate, or without a checkpoint a new run."""
-    lower = " ".join(f"{flag_name(k)} {getattr(config, k) / 10:.3g}" for k in float_flags(type(config))
+    lower = " ".join(f"{cli.flag_name(k)} {getattr(config, k) / 10:.3g}" for k in cli.float_flags(type(config))
                      if "lr" in k.split("_"))
     if saved is None:
         return f"No checkpoint was saved: start a new run with a lower learning rate ({lower}) or a --max-grad-norm."
     return (f"Last good checkpoint: {saved}. Continue from it with a lower learning rate: --resume {run_dir} {lower} "
-            f"(--resume takes the float flags: {', '.join(map(flag_name, float_flags(type(config))))}, and records "
+            f"(--resume takes the float flags: {', '.join(map(cli.flag_name, cli.float_flags(type(config))))}, and records "
             f"the change in {run_dir / 'changes.jsonl'}); or start a new run.")
 
 
@@ -458,14 +190,14 @@ def record_changes(run_dir: Path, config, epoch: int) -> None:
     `changes.jsonl` gets a line `{"epoch": from, flag: [old, new], ...}`."""
     path = run_dir / "config.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    changed = {k: [saved[k], getattr(config, k)] for k in float_flags(type(config))
+    changed = {k: [saved[k], getattr(config, k)] for k in cli.float_flags(type(config))
                if k in saved and saved[k] != getattr(config, k)}
     if not changed:
         return
     with open(run_dir / "changes.jsonl", "a") as fh:
         fh.write(json.dumps({"epoch": epoch, **changed}) + "\n")
     write_atomic(path, json.dumps({**saved, **{k: new for k, (_, new) in changed.items()}}, indent=2) + "\n")
-    print(f"--resume changes {', '.join(f'{flag_name(k)} {old} -> {new}' for k, (old, new) in changed.items())} "
+    print(f"--resume changes {', '.join(f'{cli.flag_name(k)} {old} -> {new}' for k, (old, new) in changed.items())} "
           f"from epoch {epoch} (recorded in {run_dir / 'changes.jsonl'})", flush=True)
 
 
@@ -523,7 +255,7 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
         act = run.load_agent("runs/awr-...", awr.Config, awr.make_trainer)
     """
     run_dir = Path(run_dir)
-    config = load_config(config_cls, run_dir)
+    config = cli.load_config(config_cls, run_dir)
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     if ckpt is None:
         raise ValueError(f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
@@ -532,10 +264,10 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
     trainer, keys = build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices,
                           jax.random.PRNGKey(0))
     state, _ = load_checkpoint(ckpt, jax.eval_shape(devices.compile_init(trainer.init), keys))
-    params = jax.tree.map(lambda x: x[0], trainer.params(state))  # as held by device 0: [runs, ...]
+    params = jax.tree.map(lambda x: x[0], trainer.policy(state))  # as held by device 0: [runs, ...]
     runs = n_runs(config)
     if seed is not None or runs == 1:
-        _require(0 <= (seed or 0) < runs, f"seed={seed}: the run has {runs} seed(s) (x sweep members)")
+        cli.require(0 <= (seed or 0) < runs, f"seed={seed}: the run has {runs} seed(s) (x sweep members)")
         params = jax.tree.map(lambda x: x[seed or 0], params)
     windowed = hasattr(trainer.env, "window_shape")  # the env's observations are windows (see Trainer): act reads those
     obs_ndim = len(trainer.env.window_shape if windowed else trainer.env.observation_space(trainer.env_params).shape)
@@ -587,9 +319,9 @@ class WindowAgent:
         batch = obs.shape[:obs.ndim - len(self._env.raw_obs_shape)]
         if self.windows is None:
             self.windows = jnp.zeros(batch + self._env.window_shape, jnp.float32)
-        _require(self.windows.shape[:-2] == batch, f"obs holds observations of {batch or 'one'} environment(s), "
-                                                   f"the agent's windows {self.windows.shape[:-2] or 'one'}; "
-                                                   f"call reset() first to act on another number")
+        cli.require(self.windows.shape[:-2] == batch, f"obs holds observations of {batch or 'one'} environment(s), "
+                                                      f"the agent's windows {self.windows.shape[:-2] or 'one'}; "
+                                                      f"call reset() first to act on another number")
         first = jnp.broadcast_to(jnp.asarray(first, bool), batch)
         self.windows = (self._observe_batch if batch else self._observe)(self.windows, obs, first)
         return self._act(self.windows, key)
@@ -791,7 +523,7 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Tra
     keys = devices.seed_keys(init_key, config.num_seeds, n_devices)
     if not config.sweep:
         return trainer, keys
-    members = sweep_members(config)
+    members = cli.sweep_members(config)
     values = {name: jnp.broadcast_to(jnp.repeat(jnp.asarray([m[name] for m in members], jnp.float32),
                                                 config.num_seeds), (n_devices, n_runs(config)))
               for name in members[0]}
@@ -811,7 +543,7 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Tra
         inner, metrics = member(values).epoch(inner)
         return (inner, values), metrics
 
-    swept = trainer._replace(init=init, epoch=epoch, params=lambda state: trainer.params(state[0]))
+    swept = trainer._replace(init=init, epoch=epoch, policy=lambda state: trainer.policy(state[0]))
     return swept, (jnp.tile(keys, (1, len(members), 1)), values)
 
 
@@ -825,8 +557,8 @@ def check_memory(template, config, n_devices: int) -> None:
         return
     path, biggest = max(leaves, key=lambda leaf: leaf[1].size)
     sizes = set(biggest.shape[2:])  # [n_devices, runs, ...]
-    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in RUN_CONTROL}
-    flags = [flag_name(k) for k, v in values.items() if not isinstance(v, (bool, str, float))
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in cli.RUN_CONTROL}
+    flags = [cli.flag_name(k) for k, v in values.items() if not isinstance(v, (bool, str, float))
              and set(v if isinstance(v, tuple) else (v,)) & sizes - {0, 1}]
     raise ValueError(f"the runner state needs {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
                      f"memory here; its largest array, {jax.tree_util.keystr(path)} {tuple(biggest.shape)}, "
@@ -871,7 +603,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
     except jax.errors.JAXTypeError as error:
         if not config.sweep:
             raise
-        raise SystemExit(f"--sweep {' '.join(config.sweep)}: {script} uses {', '.join(sweep_members(config)[0])} "
+        raise SystemExit(f"--sweep {' '.join(config.sweep)}: {script} uses {', '.join(cli.sweep_members(config)[0])} "
                          f"outside the compiled math (e.g. to choose a branch), so it cannot be swept in one program; "
                          f"run one process per value (e.g. a wandb sweep, sweeps/). ({type(error).__name__})") from None
     template = init_lowered.out_info
@@ -905,7 +637,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
     evaluate_seeds = jax.jit(lambda params, key: act(params, eval_keys(key, config)))
 
     def first_device(state):  # the parameters of every seed (and member), as held by device 0: [runs, ...]
-        return jax.device_put(trainer.params(devices.unreplicate(state)), jax.local_devices()[0])
+        return jax.device_put(trainer.policy(devices.unreplicate(state)), jax.local_devices()[0])
 
     def compile_init_and_eval():  # only compiles: running a program beside a compile once hung in XLA:CPU
         params = jax.eval_shape(first_device, template)
@@ -1004,7 +736,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
     }
     if config.sweep:  # member-major: the seeds of member 0, then of member 1, ...
         summary["sweep"] = [{**values, "eval_return": float(np.mean(r)), "eval_return_per_seed": r.tolist()}
-                            for values, r in zip(sweep_members(config), returns.reshape(-1, config.num_seeds))]
+                            for values, r in zip(cli.sweep_members(config), returns.reshape(-1, config.num_seeds))]
     if is_chief:
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         logger.close(summary)
@@ -1012,7 +744,7 @@ def _train(config, make_trainer: Callable, script: str, max_epochs: int | None, 
 
 
 def main(config_cls, make_trainer: Callable, script: str, description: str, argv=None) -> dict:
-    config = parse_config(config_cls, argv, description)
+    config = cli.parse_config(config_cls, argv, description)
     try:
         summary = train(config, make_trainer, script)
     except ValueError as error:  # configuration that only the environment can reject

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import devices, run
+from common import devices, nets, run
 
 
 def test_two_forced_devices():
@@ -110,19 +110,19 @@ def test_compile_init_on_one_device_equals_the_pmap_path():
 def test_orthogonal_is_jax_orthogonal_without_lapack(shape):
     for seed in range(3):
         key = jax.random.PRNGKey(seed)
-        ours = devices.orthogonal(key, shape, 1.7)
+        ours = nets.orthogonal(key, shape, 1.7)
         np.testing.assert_allclose(ours, jax.nn.initializers.orthogonal(1.7)(key, shape, jnp.float32), atol=2e-5)
         small = min(shape)
         gram = ours.T @ ours if shape[0] >= shape[1] else ours @ ours.T
         np.testing.assert_allclose(gram, 1.7**2 * np.eye(small), atol=1e-4)
     # a seed's weights do not depend on how many devices or seeds are mapped with it
-    alone = jax.jit(lambda k: devices.orthogonal(k, shape))(key)
+    alone = jax.jit(lambda k: nets.orthogonal(k, shape))(key)
     for batch in ((1,), (2,), (4,), (2, 3)):
-        mapped = jax.jit(lambda k: jax.vmap(jax.vmap(lambda k: devices.orthogonal(k, shape)))(k.reshape(-1, 1, 2)))
+        mapped = jax.jit(lambda k: jax.vmap(jax.vmap(lambda k: nets.orthogonal(k, shape)))(k.reshape(-1, 1, 2)))
         together = mapped(jnp.broadcast_to(key, batch + (2,)))
         np.testing.assert_array_equal(together, np.broadcast_to(alone, together.shape))
     # vmapped over seeds it stays matmuls: no custom call (LAPACK) in the program
-    text = jax.jit(jax.vmap(lambda k: devices.orthogonal(k, shape))).lower(jax.random.split(key, 3)).as_text()
+    text = jax.jit(jax.vmap(lambda k: nets.orthogonal(k, shape))).lower(jax.random.split(key, 3)).as_text()
     assert "custom_call" not in text
     text = jax.jit(jax.vmap(lambda k: jax.nn.initializers.orthogonal()(k, shape))).lower(jax.random.split(key, 3)).as_text()
     assert "custom_call" in text  # the check above can fail: jax's own init calls LAPACK's QR

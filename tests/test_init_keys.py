@@ -3,7 +3,7 @@
 Under jax's partitionable threefry `fold_in(k, i)` can equal `split(k, n)[i]`, so
 keys made by folding beside keys made by splitting may collide: two layers then
 start from the same draw. The test records the key of every parameter draw that
-a script's `init` makes (every random array goes through `devices.orthogonal` or
+a script's `init` makes (every random array goes through `nets.orthogonal` or
 `jax.random.normal`) and requires them distinct.
 """
 import importlib
@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from common import devices
+from common import devices, nets
 
 CASES = [("ppo_joint", {}), ("awr", {}), ("awr", {"q_value": True, "n_samples": 2}), ("actor_critic", {}),
          ("reinforce", {}), ("dqn_value", {}), ("skip_transformer", {}), ("ppo_joint", {"env": "Pendulum-v1"})]
@@ -23,7 +23,7 @@ def drawn_keys(monkeypatch, script: str, flags: dict) -> list[tuple]:
     trainer = module.make_trainer(module.Config(**flags, n_devices=1))
     keys: list[tuple] = []
     record = lambda key: keys.append(tuple(np.asarray(jax.random.key_data(key)).ravel()))  # noqa: E731
-    orthogonal, normal = devices.orthogonal, jax.random.normal
+    orthogonal, normal = nets.orthogonal, jax.random.normal
 
     def spy_orthogonal(key, *args, **kwargs):
         record(key)
@@ -34,7 +34,7 @@ def drawn_keys(monkeypatch, script: str, flags: dict) -> list[tuple]:
             record(key)
         return normal(key, *args, **kwargs)
 
-    monkeypatch.setattr(devices, "orthogonal", spy_orthogonal)
+    monkeypatch.setattr(nets, "orthogonal", spy_orthogonal)
     monkeypatch.setattr(jax.random, "normal", spy_normal)
     monkeypatch.setattr(devices, "device_key", lambda key: key)  # init runs eagerly, outside the device axis
     with jax.disable_jit():

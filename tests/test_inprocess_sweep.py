@@ -7,18 +7,18 @@ import numpy as np
 import pytest
 
 from algos import ppo_joint
-from common import devices, run
+from common import cli, devices, run
 
 TINY = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, total_steps=4 * 16 * 3, eval_every=0,
             eval_episodes=4, n_devices=1, no_compile_cache=True)
 
 
 def test_members_are_the_grid_in_order():
-    config = run.parse_config(ppo_joint.Config, ["--sweep", "lr=1e-3,3e-4", "ent-coef=0,0.01", "--num-seeds", "3"])
-    assert run.sweep_members(config) == [{"lr": 1e-3, "ent_coef": 0.0}, {"lr": 1e-3, "ent_coef": 0.01},
+    config = cli.parse_config(ppo_joint.Config, ["--sweep", "lr=1e-3,3e-4", "ent-coef=0,0.01", "--num-seeds", "3"])
+    assert cli.sweep_members(config) == [{"lr": 1e-3, "ent_coef": 0.0}, {"lr": 1e-3, "ent_coef": 0.01},
                                          {"lr": 3e-4, "ent_coef": 0.0}, {"lr": 3e-4, "ent_coef": 0.01}]
     assert run.n_runs(config) == 12 and run.n_runs(ppo_joint.Config(num_seeds=3)) == 3
-    assert run.sweep_members(ppo_joint.Config()) == [{}]
+    assert cli.sweep_members(ppo_joint.Config()) == [{}]
 
 
 @pytest.mark.parametrize("sweep, message", [
@@ -30,7 +30,7 @@ def test_members_are_the_grid_in_order():
 ])
 def test_bad_sweeps_are_rejected_before_compiling(capsys, sweep, message):
     with pytest.raises(SystemExit):
-        run.parse_config(ppo_joint.Config, ["--sweep", *sweep])
+        cli.parse_config(ppo_joint.Config, ["--sweep", *sweep])
     assert message in capsys.readouterr().err
 
 
@@ -38,7 +38,7 @@ def final_params(out_dir, config):
     trainer, keys = run.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
     template = jax.eval_shape(devices.compile_init(trainer.init), keys)
     state, _ = run.load_checkpoint(run.latest_checkpoint(out_dir / "checkpoints"), template)
-    return trainer.params(devices.unreplicate(state))  # [runs, ...]
+    return trainer.policy(devices.unreplicate(state))  # [runs, ...]
 
 
 def test_each_member_trains_as_its_own_run(tmp_path):

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from common import devices, run
+from common import cli, devices, run
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "ppo_joint.py"
@@ -186,4 +186,4 @@ def test_no_coordinator_is_one_process(monkeypatch):
 def test_cluster_flags_are_run_control():
     """On --resume they come from the command line (each host has its own), not from config.json."""
     for name in ("coordinator", "num_processes", "process_id", "coordinator_timeout"):
-        assert name in run.RUN_CONTROL
+        assert name in cli.RUN_CONTROL

@@ -17,7 +17,7 @@ import pytest
 
 from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
-from common import devices, envs, run
+from common import cli, devices, envs, run
 
 
 
@@ -185,7 +185,7 @@ def test_epochs_with_normalize_obs(name):
                            jax.tree.leaves(host(getattr(plain_state, field)))[0])
 
     # act normalizes with the statistics that params(state) hands it
-    params = jax.tree.map(lambda x: x[0, 1], trainer.params(state))  # device 0, seed 1
+    params = jax.tree.map(lambda x: x[0, 1], trainer.policy(state))  # device 0, seed 1
     net_params, obs_stats = params
     chex.assert_trees_all_equal(net_params, jax.tree.map(lambda x: x[0, 1], getattr(state.runner, field)))
     chex.assert_trees_all_equal(obs_stats, jax.tree.map(lambda x: x[0, 1], state.obs_stats))
@@ -201,7 +201,7 @@ def test_flag_off_leaves_the_runner_state_as_it_was(name):
     state = jax.eval_shape(init)
     module = SCRIPTS[name][0]
     assert type(state) is module.RunnerState and "obs_stats" not in module.RunnerState._fields
-    assert trainer.params(state) is getattr(state, RUNNER_PARAMS[name])
+    assert trainer.policy(state) is getattr(state, RUNNER_PARAMS[name])
 
 
 def test_two_devices_two_seeds():
@@ -256,7 +256,7 @@ def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
 
 @pytest.mark.parametrize("module", [ppo_joint, actor_critic, reinforce, awr, st], ids=lambda m: m.__name__)
 def test_flag_on_the_command_line(module):
-    assert run.parse_config(module.Config, ["--normalize-obs"]).normalize_obs is True
-    assert run.parse_config(module.Config, ["--normalize_obs=False"]).normalize_obs is False
-    assert run.parse_config(module.Config, []).normalize_obs is False
-    assert "running mean and variance" in run.field_docs(module.Config)["normalize_obs"]  # its --help text
+    assert cli.parse_config(module.Config, ["--normalize-obs"]).normalize_obs is True
+    assert cli.parse_config(module.Config, ["--normalize_obs=False"]).normalize_obs is False
+    assert cli.parse_config(module.Config, []).normalize_obs is False
+    assert "running mean and variance" in cli.field_docs(module.Config)["normalize_obs"]  # its --help text

@@ -592,7 +592,7 @@ def test_two_devices_two_seeds(tmp_path):
 
     In a subprocess with a timeout, because the failure this guards against is a
     hang: jaxlib 0.10's batched QR (of `jax.nn.initializers.orthogonal` over several
-    seeds) deadlocks XLA's 2-thread pool on a 2-core host; `devices.orthogonal` avoids it.
+    seeds) deadlocks XLA's 2-thread pool on a 2-core host; `nets.orthogonal` avoids it.
     """
     code = TWO_BY_TWO.format(root=str(Path(__file__).resolve().parents[1]), out=str(tmp_path / "run"))
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}

@@ -225,7 +225,7 @@ def test_a_swept_member_trains_as_the_run_with_its_value(name):
         epoch = quick(devices.compile_epoch(trainer.epoch, 1, donate=False), state)
         for _ in range(2):
             state, _ = epoch(state)
-        return trainer.params(devices.unreplicate(state))
+        return trainer.policy(devices.unreplicate(state))
 
     together, by_itself = train(swept), train(alone)
     member = lambda params, i: jax.tree.map(lambda x: np.asarray(x[i]), params)  # noqa: E731

@@ -7,11 +7,11 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from common import run
+from common import cli, run
 
 
 @dataclasses.dataclass(frozen=True)
-class Toy(run.RunConfig):
+class Toy(cli.RunConfig):
     n_samples: int = 1
     """action samples per state"""
     q_value: bool = False
@@ -25,7 +25,7 @@ class Toy(run.RunConfig):
 
 
 def test_flags_come_from_fields_with_their_docstrings():
-    parser = run.build_parser(Toy, "toy")
+    parser = cli.build_parser(Toy, "toy")
     text = " ".join(parser.format_help().split())
     assert "--n-samples INT action samples per state (default: 1)" in text
     assert "--q-value [BOOL] use a Q critic (default: False)" in text
@@ -39,7 +39,7 @@ def test_flags_come_from_fields_with_their_docstrings():
     (["--q-value=False", "--hidden", "32", "16", "--agg", "max"], dict(q_value=False, hidden=(32, 16), agg="max")),
 ])
 def test_parse_config(argv, expected):
-    config = run.parse_config(Toy, argv)
+    config = cli.parse_config(Toy, argv)
     for key, value in expected.items():
         assert getattr(config, key) == value
 
@@ -48,7 +48,7 @@ def test_parse_config(argv, expected):
                                   ["--eval-only"], ["--q-value=maybe"]])
 def test_bad_flags_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        run.parse_config(Toy, argv)
+        cli.parse_config(Toy, argv)
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
 
@@ -56,14 +56,14 @@ def test_bad_flags_exit_with_usage_error(argv, capsys):
 def test_resume_takes_the_saved_config_and_run_flags_from_the_command_line(tmp_path, capsys):
     saved = Toy(n_samples=3, hidden=(8,), out_dir=str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(saved)))
-    config = run.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "3", "--lr", "0.01", "--eval-only"])
+    config = cli.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "3", "--lr", "0.01", "--eval-only"])
     assert config.n_samples == 3 and config.hidden == (8,) and config.eval_only and config.lr == 0.01
     with pytest.raises(SystemExit):  # a flag the checkpoint's state or the run depends on
-        run.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "9"])
+        cli.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "9"])
     assert "cannot change --n-samples: start a new run" in capsys.readouterr().err
     (tmp_path / "config.json").write_text(json.dumps({**dataclasses.asdict(saved), "typo_flag": 1}))
     with pytest.raises(SystemExit):
-        run.parse_config(Toy, ["--resume", str(tmp_path)])
+        cli.parse_config(Toy, ["--resume", str(tmp_path)])
 
 
 def test_epochs_per_call_and_records():

@@ -72,8 +72,8 @@ HOLD = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from common import run
-lock = run.open_run_dir(Path({run_dir!r}), run.RunConfig(out_dir={run_dir!r}))  # as a run holds it, all its life
+from common import cli, run
+lock = run.open_run_dir(Path({run_dir!r}), cli.RunConfig(out_dir={run_dir!r}))  # as a run holds it, all its life
 print("holding", flush=True)
 time.sleep(600)
 """
@@ -205,11 +205,11 @@ def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, capsys)
     run_dir = tmp_path / "run"
     run.train(ppo_joint.Config(**RUN, out_dir=str(run_dir)), ppo_joint.make_trainer, max_epochs=1)
     with pytest.raises(SystemExit) as info:  # the first Adam steps throw the parameters to ~1e30
-        run.train(run.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--n-devices", "1", "--lr", "1e30"]),
+        run.train(cli.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--n-devices", "1", "--lr", "1e30"]),
                   ppo_joint.make_trainer)
     advice = f"--resume {run_dir} --lr 1e+29"
     assert "diverged" in str(info.value.code) and advice in str(info.value.code)
-    out = run.train(run.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--n-devices", "1",
+    out = run.train(cli.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--n-devices", "1",
                                                         "--lr", "0.0025"]), ppo_joint.make_trainer)
     assert out["epoch"] == 3
     printed = capsys.readouterr().out
@@ -219,7 +219,7 @@ def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, capsys)
     assert changes == [{"epoch": 1, "lr": [0.0025, 1e30]}, {"epoch": 1, "lr": [1e30, 0.0025]}]
     assert json.loads((run_dir / "config.json").read_text())["lr"] == 0.0025
     with pytest.raises(SystemExit):  # a flag that shapes the state is refused, not ignored
-        run.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--hidden", "16"])
+        cli.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--hidden", "16"])
     assert "cannot change --hidden: start a new run" in capsys.readouterr().err
 
 
@@ -251,14 +251,14 @@ def test_bad_places_and_sizes_are_messages(cache, tmp_path, args, message):
 ])
 def test_a_damaged_config_json_is_named_on_resume(tmp_path, capsys, damage, message):
     from algos import ppo_joint
-    from common import run
+    from common import cli
 
     if isinstance(damage, dict):
         saved = {**dataclasses.asdict(ppo_joint.Config()), **damage}
         damage = json.dumps({k: v for k, v in saved.items() if v != "delete"})
     (tmp_path / "config.json").write_text(damage)
     with pytest.raises(SystemExit):
-        run.parse_config(ppo_joint.Config, ["--resume", str(tmp_path)])
+        cli.parse_config(ppo_joint.Config, ["--resume", str(tmp_path)])
     err = capsys.readouterr().err
     assert f"{tmp_path / 'config.json'}" in err and message in err, err
 

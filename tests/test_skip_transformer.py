@@ -22,7 +22,7 @@ from gymnax.environments import spaces
 
 from algos import skip_transformer as st
 from algos.skip_transformer import Batch, Config, make_trainer
-from common import devices, run, skipping
+from common import cli, devices, run, skipping
 from common.distributions import make_distribution
 
 
@@ -346,7 +346,7 @@ CLI_TINY = ["--num-envs", "4", "--num-steps", "32", "--total-steps", "1280", "--
             "--skip-warmup-steps", "4", "--eval-episodes", "4", "--no-compile-cache"]
 
 
-def cli(*args, cwd, devices_=1, timeout=300):
+def run_cli(*args, cwd, devices_=1, timeout=300):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     if devices_ > 1:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_}"
@@ -356,7 +356,7 @@ def cli(*args, cwd, devices_=1, timeout=300):
 
 
 def test_help_lists_every_flag_with_default(tmp_path):
-    out = cli("--help", cwd=tmp_path)
+    out = run_cli("--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     for field in dataclasses.fields(Config):
@@ -370,7 +370,7 @@ def test_help_lists_every_flag_with_default(tmp_path):
     (["--eval-depth", "5"], "--eval-depth 5: use 1 to --n-layers 2"),
 ])
 def test_bad_flags_fail_before_compiling(tmp_path, args, message):
-    out = cli(*CLI_TINY, *args, "--out-dir", tmp_path / "run", cwd=tmp_path)
+    out = run_cli(*CLI_TINY, *args, "--out-dir", tmp_path / "run", cwd=tmp_path)
     assert out.returncode != 0 and message in out.stderr
     assert "compiled in" not in out.stdout and not (tmp_path / "run").exists()
 
@@ -397,7 +397,7 @@ def test_main_warns_when_the_warmup_leaves_skip_fraction_no_effect(total_steps, 
 @pytest.mark.slow
 def test_cli_two_seeds_on_two_devices_writes_outputs_and_returns_by_depth(tmp_path):
     out_dir = tmp_path / "run"
-    out = cli(*CLI_TINY, "--num-seeds", "2", "--n-devices", "2", "--eval-every", "5", "--out-dir", out_dir,
+    out = run_cli(*CLI_TINY, "--num-seeds", "2", "--n-devices", "2", "--eval-every", "5", "--out-dir", out_dir,
               cwd=tmp_path, devices_=2)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "on 2 cpu device(s)" in out.stdout and "greedy return by depth (blocks run): 1: " in out.stdout
@@ -450,11 +450,11 @@ def test_load_agent_keeps_each_environments_window_as_training_does(saved_run):
     """The loaded agent, fed the wrapped CartPole's raw observations and the episode starts, holds the
     windows that the training rollout's ContextWindow builds from the same episodes and acts as the
     training code's policy on them: every seed at once, each seed alone, one environment or a batch."""
-    config = run.load_config(Config, saved_run)
+    config = cli.load_config(Config, saved_run)
     trainer = make_trainer(config)
     template = jax.eval_shape(devices.compile_init(trainer.init), run_keys(0))
     state, _ = run.load_checkpoint(run.latest_checkpoint(saved_run / "checkpoints"), template)
-    params = trainer.params(devices.unreplicate(state))  # [seeds, ...]
+    params = trainer.policy(devices.unreplicate(state))  # [seeds, ...]
     env, env_params = trainer.env, trainer.env_params.replace(max_steps_in_episode=12)  # truncations too
     n = 3
     load = functools.partial(run.load_agent, saved_run, Config, make_trainer)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
 
-from common import run
+from common import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
@@ -68,7 +68,7 @@ def test_sweep_runs_start_with_the_sampled_values(path):
     rng = np.random.default_rng(0)
     for sample in samples(spec, rng):
         argv = create_sweep_command_args({"args": {k: {"value": v} for k, v in sample.items()}})["args"]
-        config = run.parse_config(Config, argv)
+        config = cli.parse_config(Config, argv)
         for name, value in sample.items():
             got = getattr(config, name)
             assert got == (tuple(value) if isinstance(value, list) else value), (argv, name, got)
@@ -82,9 +82,9 @@ def test_the_agent_renders_values_as_the_parser_expects():
         "policy_lr": {"value": 1e-05}, "hidden": {"value": [32, 16, 8]}, "q_aggregate": {"value": "max"}}})["args"]
     assert argv == ["--q_value=True", "--reweight=False", "--n_samples=4", "--policy_lr=1e-05",
                     "--hidden=[32, 16, 8]", "--q_aggregate=max"]
-    config = run.parse_config(Config, argv)
+    config = cli.parse_config(Config, argv)
     assert (config.q_value, config.reweight, config.n_samples, config.policy_lr, config.hidden,
             config.q_aggregate) == (True, False, 4, 1e-05, (32, 16, 8), "max")
-    assert run.parse_config(Config, ["--hidden", "32", "16"]).hidden == (32, 16)  # the plain form still works
+    assert cli.parse_config(Config, ["--hidden", "32", "16"]).hidden == (32, 16)  # the plain form still works
     with pytest.raises(SystemExit):
-        run.parse_config(Config, ["--hidden=[32, x]"])
+        cli.parse_config(Config, ["--hidden=[32, x]"])

@@ -1,0 +1,289 @@
+"""Config and CLI: the flags every script shares, argparse generated from a frozen dataclass, --resume's config.
+
+A script's `Config` subclasses `RunConfig`; each field's docstring is its
+`--help` line, its name the flag (`n_samples` is `--n-samples`), and its
+`__post_init__` checks values with `require`, raising `ConfigError` before
+anything compiles.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import itertools
+import json
+import math
+import typing
+from pathlib import Path
+from typing import Callable
+
+# ----------------------------------------------------------------------------
+# Config and CLI
+# ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Flags every script shares. Scripts subclass it with their own fields."""
+
+    env: str = "CartPole-v1"
+    """gymnax environment id"""
+    seed: int = 0
+    """random seed (runs with the same seed and flags are identical)"""
+    num_seeds: int = 1
+    """independent seeds trained side by side in one compiled program"""
+    n_devices: int = 0
+    """devices to split the environments over (0: all local devices)"""
+    total_steps: int = 500_000
+    """environment steps to train for (per seed)"""
+    eval_every: int = 50
+    """greedy evaluation every this many epochs (0: only at the end)"""
+    eval_episodes: int = 32
+    """episodes per greedy evaluation"""
+    checkpoint_every: int = 50
+    """save a checkpoint every this many epochs (and at the end, and on Ctrl-C)"""
+    keep_checkpoints: int = 3
+    """checkpoints kept, the newest (--resume falls back to an older one when the newest is unreadable)"""
+    out_dir: str = ""
+    """run directory; empty: runs/SCRIPT-ENV-seedSEED-TIME"""
+    resume: str = ""
+    """run directory to continue from its last checkpoint, with its config.json; empty: a new run"""
+    overwrite: bool = False
+    """start a new run in an --out-dir that holds one, deleting its checkpoints, metrics and summary"""
+    eval_only: bool = False
+    """with --resume: only evaluate the saved agent"""
+    track: bool = False
+    """log to Weights & Biases (offline when no API key is set)"""
+    wandb_project: str = "jtrax"
+    """wandb project name"""
+    no_compile_cache: bool = False
+    """do not use JAX's persistent compilation cache"""
+    coordinator: str = ""
+    """multi-host: HOST:PORT of process 0, JAX's coordinator (empty: $JTRAX_COORDINATOR; neither: one process)"""
+    num_processes: int = 0
+    """multi-host: number of processes, one per host (0: $JTRAX_NUM_PROCESSES)"""
+    process_id: int = -1
+    """multi-host: this process in [0, num-processes); 0, the chief, alone writes (-1: $JTRAX_PROCESS_ID)"""
+    coordinator_timeout: int = 120
+    """multi-host: seconds to wait for the coordinator and for every process to join"""
+    sweep: tuple[str, ...] = ()
+    """in-process sweep of float flags, NAME=V1,V2,... (e.g. --sweep lr=1e-3,3e-4 ent_coef=0,0.01: their grid);
+    each member trains --num-seeds seeds, all in one compiled program"""
+
+    def __post_init__(self):
+        for name, kind in typing.get_type_hints(type(self)).items():  # what JAX can compute with
+            value = getattr(self, name)
+            require(kind is not float or math.isfinite(value), f"{flag_name(name)} {value}: use a finite number")
+            require(kind is not int or abs(value) < 2**31, f"{flag_name(name)} {value}: too large; JAX computes "
+                                                           f"with 32-bit integers: use at most {2**31 - 1}")
+        require(self.num_seeds >= 1, f"--num-seeds {self.num_seeds}: use 1 or more")
+        require(self.n_devices >= 0, f"--n-devices {self.n_devices}: use 0 (all) or a positive count")
+        require(self.total_steps > 0, f"--total-steps {self.total_steps}: use a positive number")
+        require(self.eval_every >= 0, f"--eval-every {self.eval_every}: use 0 or more")
+        require(self.eval_episodes >= 1, f"--eval-episodes {self.eval_episodes}: use 1 or more")
+        require(self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more")
+        require(self.keep_checkpoints >= 1, f"--keep-checkpoints {self.keep_checkpoints}: use 1 or more "
+                                            f"(2 or more leave one to resume from if the newest is damaged)")
+        require(not self.eval_only or self.resume, "--eval-only needs --resume DIR (the run to evaluate)")
+        require(not (self.overwrite and self.resume), "--overwrite starts a new run; --resume continues one: "
+                                                      "give one of them")
+        for member in sweep_members(self) if self.sweep else ():  # every member's flags must be valid
+            dataclasses.replace(self, sweep=(), **member)
+
+
+def float_flags(cls) -> list[str]:
+    """The float flags of a config class: what `--sweep` varies and `--resume` may change."""
+    return sorted(k for k, v in typing.get_type_hints(cls).items() if v is float)
+
+
+def sweep_members(config) -> list[dict]:
+    """The grid of `--sweep`: one `{flag: value}` per member, in order (`[{}]` without a sweep)."""
+    floats = float_flags(type(config))
+    axes: dict[str, list[float]] = {}
+    for item in config.sweep:
+        name, _, text = item.partition("=")
+        name = name.lstrip("-").replace("-", "_")
+        require(bool(text), f"--sweep {item!r}: use NAME=V1,V2,..., e.g. --sweep lr=1e-3,3e-4")
+        require(name in floats, f"--sweep {item!r}: {name} is not a float flag of this script; "
+                                f"sweep one of {', '.join(floats)}")
+        require(name not in axes, f"--sweep {item!r}: {name} is swept twice; give its values once")
+        try:
+            axes[name] = [float(v) for v in text.split(",")]
+        except ValueError:
+            raise ConfigError(f"--sweep {item!r}: {text!r} holds a value that is not a number") from None
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+# Flags that steer this invocation rather than define the run: on --resume they
+# come from the command line, everything else from the run's config.json (but
+# for the float flags given, see `parse_config`).
+RUN_CONTROL = ("resume", "overwrite", "eval_only", "track", "no_compile_cache", "eval_episodes", "keep_checkpoints",
+               "n_devices", "coordinator", "num_processes", "process_id", "coordinator_timeout")
+
+
+class ConfigError(ValueError):
+    """A flag value (or a combination, or a saved run's config.json) this project refuses; its message
+    says what to use instead. `main` prints it as one line; any other exception is a bug and shows its
+    traceback."""
+
+
+def require(ok: bool, message: str) -> None:
+    """Raises `ConfigError(message)` unless `ok`."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def require_non_negative(config, *names: str) -> None:
+    """Coefficients (of a loss term, an entropy bonus): 0 (the term off) or more."""
+    for name in names:
+        require(getattr(config, name) >= 0, f"{flag_name(name)} {getattr(config, name)}: use 0 (off) or more")
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Attribute docstrings (the string after each field) of a dataclass and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(inspect.getsource(klass).lstrip())
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+                docs[node.target.id] = str(nxt.value.value).strip()
+    return docs
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _list_of(item: type) -> Callable:
+    """Parses `64` or a list as Python prints it, `[64, 64]`, into a list of `item` (str: as given)."""
+    def parse(text: str) -> list:
+        if item is str:
+            return [text]
+        try:
+            return [item(part) for part in text.replace("[", " ").replace("]", " ").replace(",", " ").split()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {item.__name__} values, got {text!r}") from None
+    return parse
+
+
+class _Once(argparse.Action):
+    """Stores a flag's value; a flag given twice is an error (which of the two was meant?)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.dest in parser.given:
+            also = "" if parser.given[self.dest] == option_string else f" (also as {parser.given[self.dest]})"
+            parser.error(f"{option_string} is given twice{also}; give it once")
+        parser.given[self.dest] = option_string
+        setattr(namespace, self.dest, values)
+
+
+class _Concatenate(_Once):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, tuple(x for value in values for x in value), option_string)
+
+
+def build_parser(cls, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.given = {}  # field -> the flag that set it, as parsed
+    docs, hints = field_docs(cls), typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if kind is bool:  # `--flag` or `--flag=True/False` (as a wandb agent passes it)
+            spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL", action=_Once)
+        elif typing.get_origin(kind) is typing.Literal:
+            spec = dict(choices=typing.get_args(kind), action=_Once)
+        elif typing.get_origin(kind) is tuple:  # `--hidden 64 64` or `--hidden=[64, 64]` (a wandb agent)
+            item = typing.get_args(kind)[0]
+            spec = dict(type=_list_of(item), nargs="+", action=_Concatenate, metavar=item.__name__.upper())
+        else:
+            spec = dict(type=kind, metavar=kind.__name__.upper(), action=_Once)
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default,
+                            help=docs.get(f.name, f.name), **spec)
+        if "_" in f.name:  # snake_case alias, hidden from --help
+            parser.add_argument(f"--{f.name}", dest=f.name, help=argparse.SUPPRESS, **spec)
+    return parser
+
+
+def parse_config(cls, argv=None, description: str = ""):
+    """Config from the command line; a bad value exits with its message, before any compile.
+
+    With `--resume DIR`: the flags of DIR's config.json, the run-control flags of
+    this command line (`RUN_CONTROL`), and the float flags it gives (learning
+    rates, coefficients: they change no shape of the state; `train` records the
+    change). Any other flag given with a value other than the run's is refused.
+    """
+    parser = build_parser(cls, description)
+    args = vars(parser.parse_args(argv))
+    try:
+        if args["resume"]:
+            saved = load_config(cls, Path(args["resume"]))
+            changed = {k: args[k] for k in parser.given if k not in RUN_CONTROL and args[k] != getattr(saved, k)}
+            fixed = [k for k in changed if k not in float_flags(cls)]
+            takes = map(flag_name, float_flags(cls) + [k for k in RUN_CONTROL if k not in ("resume", "overwrite")])
+            require(not fixed, f"--resume {args['resume']} continues that run with the flags of its config.json; "
+                               f"it cannot change {', '.join(map(flag_name, fixed))}: start a new run for "
+                               f"that. --resume takes the float flags and run flags: {', '.join(takes)}")
+            config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL}, **changed,
+                                         out_dir=args["resume"])
+        else:
+            config = cls(**args)
+    except ConfigError as error:
+        parser.error(str(error))
+    return config
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def load_config(cls, run_dir: Path):
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.json there; pass the directory of an earlier run")
+    try:
+        saved = json.loads(path.read_text(errors="replace"))
+    except ValueError as error:
+        raise ConfigError(f"--resume {run_dir}: {path} is not JSON ({error}); repair it or start a new run") from None
+    require(isinstance(saved, dict), f"--resume {run_dir}: {path} holds no flags ({type(saved).__name__}); "
+                                     f"repair it or start a new run")
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(saved) - set(hints))
+    require(not unknown, f"--resume {run_dir}: {path} has flags this script does not know "
+                         f"({', '.join(unknown)}); was it written by another script?")
+    missing = sorted(set(hints) - set(saved) - set(RUN_CONTROL))
+    require(not missing, f"--resume {run_dir}: {path} lacks {', '.join(missing)}; add them (this script's defaults: "
+                         f"{', '.join(f'{k}: {json.dumps(getattr(cls, k))}' for k in missing)}) or start a new run")
+    for name, value in saved.items():
+        require(_fits(hints[name], value), f"--resume {run_dir}: {path} sets {name} to {json.dumps(value)}, "
+                                           f"not {_describe(hints[name])}; repair it or start a new run")
+    return cls(**{k: tuple(v) if isinstance(v, list) else float(v) if hints[k] is float else v
+                  for k, v in saved.items()})
+
+
+def _fits(kind, value) -> bool:
+    """Whether a JSON value is one of `kind`: bool, int, float (an int too), str, a Literal, tuple[X, ...]."""
+    if typing.get_origin(kind) is typing.Literal:
+        return value in typing.get_args(kind)
+    if typing.get_origin(kind) is tuple:
+        return isinstance(value, list) and all(_fits(typing.get_args(kind)[0], x) for x in value)
+    if isinstance(value, bool) or kind is bool:
+        return isinstance(value, bool) and kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def _describe(kind) -> str:
+    if typing.get_origin(kind) is typing.Literal:
+        return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
+    if typing.get_origin(kind) is tuple:
+        return f"a list of {typing.get_args(kind)[0].__name__}"
+    return f"a {kind.__name__}"
