@@ -17,6 +17,7 @@ CartPoleNoVel-v1, hides the velocities: the policy must infer them from its cont
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -109,76 +110,11 @@ class Config(cli.RunConfig):
 
 
 # ----------------------------------------------------------------------------
-# Environment: each observation is a sliding window of the last observations
+# Network: plain functions over a parameter pytree (observations: envs.ContextWindow's windows)
 # ----------------------------------------------------------------------------
-NO_VELOCITY = {"CartPoleNoVel-v1": ("CartPole-v1", (0, 2))}  # keeps x and theta, hides x_dot, theta_dot
-
-
-class WindowState(NamedTuple):
-    env_state: chex.ArrayTree
-    window: jax.Array  # [L, F + 1]
-
-
-class ContextWindow:
-    """A gymnax environment observed as a window `[L, F + 1]` of its last L observations.
-
-    Row L - 1 is the newest observation (its entries `keep`, default all); the last
-    column is 1 for rows of the current episode, 0 for empty rows. An episode end
-    clears the window. `info["final_observation"]` is the window ending with the
-    episode's last observation: a truncated episode bootstraps from its own context.
-    `observe` is that update, from one observation of the wrapped environment (shape
-    `raw_obs_shape`); `run.load_agent` keeps windows with it for a caller's observations.
-    """
-
-    def __init__(self, env, env_params, context_len: int, keep=None):
-        self.env, self.context_len, self.keep = env, context_len, keep
-        self.raw_obs_shape = tuple(env.observation_space(env_params).shape)
-        self.obs_dim = len(keep) if keep else int(np.prod(self.raw_obs_shape))
-        self.window_shape = (context_len, self.obs_dim + 1)
-
-    def action_space(self, env_params):
-        return self.env.action_space(env_params)
-
-    def observe(self, window, obs, first):
-        """The window after `obs`: the oldest row out, `[obs, 1]` in; if `obs` starts an episode (`first`),
-        the rows of the one before are cleared first."""
-        obs = jnp.ravel(obs).astype(jnp.float32)
-        row = jnp.append(obs if self.keep is None else obs[jnp.array(self.keep)], 1.0)
-        return jnp.concatenate([jnp.where(first, 0.0, window)[1:], row[None]])
-
-    def reset(self, key, env_params):
-        obs, env_state = self.env.reset(key, env_params)
-        window = self.observe(jnp.zeros(self.window_shape, jnp.float32), obs, True)
-        return window, WindowState(env_state, window)
-
-    def step(self, key, state: WindowState, action, env_params):
-        obs, env_state, reward, terminated, truncated, info = self.env.step(key, state.env_state, action,
-                                                                            env_params)
-        window = self.observe(state.window, obs, jnp.logical_or(terminated, truncated))  # obs: after any reset
-        info = {**info, "final_observation": self.observe(state.window, info["final_observation"], False)}
-        return window, WindowState(env_state, window), reward, terminated, truncated, info
-
-
-def normalize_window(stats: envs.ObsStats | None, window: jax.Array) -> jax.Array:
-    """Windows `[..., L, F + 1]` with their observation columns normalized (`envs.normalize_obs`, statistics
-    `[F]`), empty rows kept at 0 and the last column as it is; `window` itself when `stats` is None."""
-    if stats is None:
-        return window
-    obs, in_episode = window[..., :-1], window[..., -1:]
-    return jnp.concatenate([envs.normalize_obs(stats, obs) * in_episode, in_episode], -1)
-
-
-def make_env(env_id: str, context_len: int):
-    base, keep = NO_VELOCITY.get(env_id, (env_id, None))
-    env, env_params = envs.make_env(base, own=tuple(NO_VELOCITY))
-    return ContextWindow(env, env_params, context_len, keep), env_params
-
-
-# ----------------------------------------------------------------------------
-# Network: plain functions over a parameter pytree
-# ----------------------------------------------------------------------------
-def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    """Scaled normal weights (std scale / sqrt(n_in)), zero bias."""
+def scaled_normal_init(key, n_in: int, n_out: int, scale: float) -> dict:
+    """A dense layer with scaled normal weights (std scale / sqrt(n_in)) and zero bias (not the orthogonal
+    `nets.dense_init`)."""
     w = jax.random.normal(key, (n_in, n_out), jnp.float32) * scale / np.sqrt(n_in)
     return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 
@@ -187,15 +123,14 @@ def init_network(key, obs_dim: int, config: Config, dist) -> dict:
     d, keys = config.d_model, jax.random.split(key, 4 + 4 * config.n_layers)
     out_scale = 1.0 / np.sqrt(2 * config.n_layers)  # residual branches start small
     norm_init = lambda d: {"scale": jnp.ones((d,), jnp.float32), "bias": jnp.zeros((d,), jnp.float32)}  # noqa
-
-    block = lambda k: {"norm1": norm_init(d), "qkv": dense_init(k[0], d, 3 * d, 1.0),  # noqa: E731
-                       "out": dense_init(k[1], d, d, out_scale), "norm2": norm_init(d),
-                       "mlp1": dense_init(k[2], d, config.d_ff, np.sqrt(2)),
-                       "mlp2": dense_init(k[3], config.d_ff, d, out_scale)}
-    return {"embed": dense_init(keys[0], obs_dim, d, 1.0),
+    dense = scaled_normal_init
+    block = lambda k: {"norm1": norm_init(d), "qkv": dense(k[0], d, 3 * d, 1.0),  # noqa: E731
+                       "out": dense(k[1], d, d, out_scale), "norm2": norm_init(d),
+                       "mlp1": dense(k[2], d, config.d_ff, np.sqrt(2)), "mlp2": dense(k[3], config.d_ff, d, out_scale)}
+    return {"embed": dense(keys[0], obs_dim, d, 1.0),
             "position": 0.1 * jax.random.normal(keys[1], (config.context_len, d), jnp.float32),
             "blocks": [block(keys[4 + 4 * i:8 + 4 * i]) for i in range(config.n_layers)],
-            "norm": norm_init(d), "policy": dist.head_init(keys[2], d), "value": dense_init(keys[3], d, 1, 1.0)}
+            "norm": norm_init(d), "policy": dist.head_init(keys[2], d), "value": dense(keys[3], d, 1, 1.0)}
 
 
 def layer_norm(p: dict, x: jax.Array) -> jax.Array:
@@ -244,13 +179,11 @@ def network(params: dict, windows: jax.Array, dist, config: Config, mode: skippi
     return dist.policy_head(params["policy"], newest), value[:, 0], step
 
 
-def greedy_action(params: dict, window: jax.Array, dist, config: Config, eval_depth=None):
-    """The mode of the policy for ONE window `[L, F + 1]`, running the first `eval_depth` blocks.
-
-    With --normalize-obs, `params` is `(network parameters, observation statistics)`."""
-    if config.normalize_obs:
-        params, window = params[0], normalize_window(params[1], window)
-    inputs = network(params, window[None], dist, config, "eval", eval_depth=eval_depth)[0][0]
+def greedy_action(policy: envs.Policy, window: jax.Array, dist, config: Config, eval_depth=None):
+    """The mode of the policy for ONE window `[L, F + 1]` (normalized with `policy.obs_stats` unless None),
+    running the first `eval_depth` blocks."""
+    window = envs.normalize_window(policy.obs_stats, window)
+    inputs = network(policy.params, window[None], dist, config, "eval", eval_depth=eval_depth)[0][0]
     return dist.clip_action(dist.mode(inputs))
 
 
@@ -260,9 +193,10 @@ def greedy_action(params: dict, window: jax.Array, dist, config: Config, eval_de
 class RunnerState(NamedTuple):
     params: dict
     opt_state: optax.OptState
-    env_state: WindowState  # [B] environments of this device, each with its context window
+    env_state: envs.WindowState  # [B] environments of this device, each with its context window
     obs: jax.Array  # [B, L, F + 1] context windows
     stats: envs.EpisodeStats
+    obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the observations (None: off)
     skip_step: jax.Array  # [] gradient steps so far: drives the skip warmup
     depth_key: jax.Array  # the same on every device; seed 0's draws serve every seed
     key: jax.Array  # differs per device
@@ -277,21 +211,20 @@ class Transition(NamedTuple):
     value: jax.Array  # V(s_t)
     log_prob: jax.Array  # log pi_old(a_t | s_t)
     final_obs: jax.Array  # window at s_{t+1} before any reset (bootstraps truncated episodes)
-    greedy_action: jax.Array  # mode of pi_old(. | s_t), for the preferred_move metric
+    greedy_action: jax.Array  # mode of pi_old(. | s_t): policy/preferred_move is its mean (discrete actions)
 
 
 class Rollout(NamedTuple):
     """An epoch before its update: the runner after T steps and what the update trains on."""
 
     runner: RunnerState
-    obs_stats: envs.ObsStats | None  # --normalize-obs: the statistics the network normalizes with
     traj: Transition  # [T, B, ...] as collected (raw windows)
     advantages: jax.Array  # [T, B]
     targets: jax.Array  # [T, B] R = A + V_old
 
 
 class Batch(NamedTuple):
-    obs: jax.Array
+    obs: jax.Array  # windows as the network saw them (normalized with --normalize-obs)
     action: jax.Array
     log_prob: jax.Array
     advantage: jax.Array
@@ -352,45 +285,36 @@ def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
 # Training
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
-    env, env_params = make_env(config.env, config.context_len)
-    if config.context_len > env_params.max_steps_in_episode:
-        raise cli.ConfigError(f"--context-len {config.context_len} is longer than an episode of {config.env} "
-                              f"({env_params.max_steps_in_episode} steps); use at most {env_params.max_steps_in_episode}")
+    layout = devices.layout(config)
+    cli.require(layout.rollout_size % config.num_minibatches == 0,
+                f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
+                f"{layout.envs_per_device} envs x {config.num_steps} steps = {layout.rollout_size}")
+    env, env_params = envs.make_env(config.env)
+    limit = env_params.max_steps_in_episode
+    cli.require(config.context_len <= limit, f"--context-len {config.context_len} is longer than an episode of "
+                                             f"{config.env} ({limit} steps); use at most {limit}")
+    env = envs.ContextWindow(env, env_params, config.context_len)
     dist = make_distribution(env.action_space(env_params))
-    n_devices = config.n_devices or jax.local_device_count()
-    if config.num_envs % n_devices:
-        raise cli.ConfigError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
-                              f"use a multiple of {n_devices}")
-    envs_per_device = config.num_envs // n_devices
-    batch_size = envs_per_device * config.num_steps
-    if batch_size % config.num_minibatches:
-        raise cli.ConfigError(f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
-                              f"{envs_per_device} envs x {config.num_steps} steps = {batch_size}")
-    steps_per_epoch = config.num_envs * config.num_steps
-    num_epochs = config.total_steps // steps_per_epoch
-    if num_epochs < 1:
-        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
-                              f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
-    n_updates = num_epochs * config.update_epochs * config.num_minibatches
+    n_updates = layout.num_epochs * config.update_epochs * config.num_minibatches
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
     clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
-    flat = lambda x: x.reshape((batch_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+    flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
 
-    def init(key):
+    def init(key) -> RunnerState:
         param_key, depth_key, env_key = jax.random.split(key, 3)  # same on every device
         params = init_network(param_key, env.obs_dim, config, dist)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
-        obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        runner = RunnerState(params, tx.init(params), env_state, obs, envs.init_episode_stats(envs_per_device),
-                             jnp.int32(0), depth_key, run_key)
-        return envs.Normalized(runner, envs.init_obs_stats((env.obs_dim,))) if config.normalize_obs else runner
+        obs, env_state = envs.reset_envs(env, env_params, reset_key, layout.envs_per_device)
+        return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,
+                           stats=envs.init_episode_stats(layout.envs_per_device),
+                           obs_stats=envs.init_obs_stats((env.obs_dim,)) if config.normalize_obs else None,
+                           skip_step=jnp.int32(0), depth_key=depth_key, key=run_key)
 
-    def rollout(state) -> Rollout:
+    def rollout(runner: RunnerState) -> Rollout:
         # --normalize-obs: the network sees windows normalized with the statistics of earlier epochs.
-        runner, obs_stats = state if config.normalize_obs else (state, None)
-        norm = lambda window: normalize_window(obs_stats, window)  # noqa: E731  (off: the identity)
+        norm = functools.partial(envs.normalize_window, runner.obs_stats)  # off (None): the identity
 
         # COLLECT: T steps of B environments; every block runs (as Trax's collect mode).
         def env_step(runner: RunnerState, _):
@@ -398,12 +322,12 @@ def make_trainer(config: Config) -> run.Trainer:
             inputs, value, _ = network(runner.params, norm(runner.obs), dist, config)
             action = dist.sample(inputs, act_key)
             obs, env_state, reward, terminated, truncated, info = step_envs(
-                jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
+                jax.random.split(step_key, layout.envs_per_device), runner.env_state, dist.clip_action(action),
                 env_params)
             done = jnp.logical_or(terminated, truncated)
-            transition = Transition(runner.obs, action, reward, terminated, done, value,
-                                    dist.log_prob(inputs, action), info["final_observation"],
-                                    dist.mode(inputs))
+            transition = Transition(obs=runner.obs, action=action, reward=reward, terminated=terminated, done=done,
+                                    value=value, log_prob=dist.log_prob(inputs, action),
+                                    final_obs=info["final_observation"], greedy_action=dist.mode(inputs))
             stats = envs.update_episode_stats(runner.stats, reward, done)
             return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
 
@@ -414,12 +338,14 @@ def make_trainer(config: Config) -> run.Trainer:
         next_values = network(runner.params, flat(norm(traj.final_obs)), dist, config)[1].reshape(traj.value.shape)
         advantages, targets = gae(traj.reward, traj.value, next_values, traj.terminated, traj.done,
                                   config.gamma, config.gae_lambda)
-        return Rollout(runner, obs_stats, traj, advantages, targets)
+        return Rollout(runner=runner, traj=traj, advantages=advantages, targets=targets)
 
-    def epoch(state):
-        runner, obs_stats, traj, advantages, targets = rollout(state)
-        obs = normalize_window(obs_stats, traj.obs)  # what the network saw
-        batch = jax.tree.map(flat, Batch(obs, traj.action, traj.log_prob, advantages, targets))
+    def epoch(runner: RunnerState):
+        collected = rollout(runner)
+        runner, traj = collected.runner, collected.traj
+        batch = jax.tree.map(flat, Batch(obs=envs.normalize_window(runner.obs_stats, traj.obs), action=traj.action,
+                                         log_prob=traj.log_prob, advantage=collected.advantages,
+                                         target=collected.targets))
 
         # UPDATE: update_epochs passes of num_minibatches Adam steps, each running ONE random depth drawn
         # from depth_key: the same key on every device, and the first seed's draw serves every seed
@@ -439,7 +365,7 @@ def make_trainer(config: Config) -> run.Trainer:
             return (optax.apply_updates(params, updates), opt_state, next_step), metrics
 
         def update_epoch(carry, key):
-            order = jax.random.permutation(key, batch_size)
+            order = jax.random.permutation(key, layout.rollout_size)
             minibatches = jax.tree.map(
                 lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch)
             return jax.lax.scan(minibatch_step, carry, minibatches)
@@ -452,27 +378,26 @@ def make_trainer(config: Config) -> run.Trainer:
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
         metrics.update({
-            "policy/preferred_move": jnp.mean(traj.greedy_action),
+            "policy/preferred_move": jnp.mean(traj.greedy_action),  # mean greedy action (discrete actions)
             "skip/warmup": skipping.warmup_factor(skip_step, config.skip_warmup_steps),
         })
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
+        targets = collected.targets
         metrics.update(residual_metrics(targets - traj.value, targets))  # R - V over every device's batch
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        runner = runner._replace(params=params, opt_state=opt_state, skip_step=skip_step, key=key)
-        if config.normalize_obs:  # this epoch's observations (each window's newest), every device's, join them
-            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, traj.obs[:, :, -1, :-1])), metrics
-        return runner, metrics
+        # --normalize-obs: this epoch's observations (each window's newest), every device's, join the statistics
+        obs_stats = envs.update_obs_stats(runner.obs_stats, traj.obs[:, :, -1, :-1])
+        return runner._replace(params=params, opt_state=opt_state, obs_stats=obs_stats, skip_step=skip_step,
+                               key=key), metrics
 
-    def act(params, obs, key):
+    def act(policy: envs.Policy, obs, key):
         del key  # greedy
-        return greedy_action(params, obs, dist, config, config.eval_depth or None)
+        return greedy_action(policy, obs, dist, config, config.eval_depth or None)
 
-    def params(state):  # what act needs
-        return (state.runner.params, state.obs_stats) if config.normalize_obs else state.params
-
-    return run.Trainer(init=init, epoch=epoch, act=act, policy=params, env=env,
-                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       rollout=rollout)
+    return run.Trainer(init=init, epoch=epoch, act=act,
+                       policy=lambda state: envs.Policy(params=state.params, obs_stats=state.obs_stats),
+                       env=env, env_params=env_params, steps_per_epoch=layout.steps_per_epoch,
+                       num_epochs=layout.num_epochs, rollout=rollout)
 
 
 # ----------------------------------------------------------------------------

@@ -1,9 +1,14 @@
-"""gymnax environments: construction, episode statistics and greedy evaluation.
+"""gymnax environments: construction, partial observation, episode statistics and greedy evaluation.
 
 gymnax 1.0.1 steps return `(obs, state, reward, terminated, truncated, info)`
 and reset automatically; `info["final_observation"]` is the observation
 before the reset. A terminated step has no future; a truncated one (time
 limit) still has one, so targets bootstrap from `V(final_observation)`.
+
+Partial observation: `make_env` also builds the ids of `PARTIALLY_OBSERVED`
+(CartPoleNoVel-v1: CartPole-v1 without its velocities) as `HiddenEntries`, and
+`ContextWindow` turns any environment's observations into a window of its last
+few (skip_transformer's input).
 
 `--normalize-obs` (the policy-gradient scripts): `ObsStats` holds the running
 mean and variance of the observations, `update_obs_stats` merges an epoch's
@@ -13,6 +18,7 @@ observations into them (every device's: all devices hold the same numbers),
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -21,17 +27,22 @@ import jax.numpy as jnp
 from common import cli, devices
 
 
-def make_env(env_id: str, own: tuple[str, ...] = ()):
-    """`(env, env_params)` for a registered gymnax id, or a `cli.ConfigError` listing them and `own`, the ids
-    the calling script makes itself (from a gymnax one), with the nearest as suggestions."""
+def make_env(env_id: str):
+    """`(env, env_params)` for a registered gymnax id or one of `PARTIALLY_OBSERVED`, or a `cli.ConfigError`
+    listing them all, with the nearest as suggestions."""
     import gymnax
 
+    if env_id in PARTIALLY_OBSERVED:
+        base, keep = PARTIALLY_OBSERVED[env_id]
+        env, env_params = gymnax.make(base)
+        return HiddenEntries(env, keep), env_params
     if env_id not in gymnax.registered_envs:
+        own = tuple(PARTIALLY_OBSERVED)
         known = sorted(gymnax.registered_envs) + list(own)
         close = difflib.get_close_matches(env_id, known, n=3) + [
             e for e in known if env_id.lower().split("-")[0] in e.lower()]
         hint = f" Did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
-        raise cli.ConfigError(f"--env {env_id!r} is not a gymnax environment{' or ' + ', '.join(own) if own else ''}."
+        raise cli.ConfigError(f"--env {env_id!r} is not a gymnax environment or {', '.join(own)}."
                               f"{hint} Known ids: {', '.join(known)}")
     return gymnax.make(env_id)
 
@@ -45,6 +56,86 @@ def reset_envs(env, env_params, key: jax.Array, n: int):
     """
     obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(key, n), env_params)
     return jax.tree.map(lambda x: jax.lax.convert_element_type(x, x.dtype), (obs, state))
+
+
+# ----------------------------------------------------------------------------
+# Partial-observation wrappers
+# ----------------------------------------------------------------------------
+PARTIALLY_OBSERVED = {"CartPoleNoVel-v1": ("CartPole-v1", (0, 2))}  # keeps x and theta, hides x_dot, theta_dot
+
+
+class HiddenEntries:
+    """A gymnax environment that shows only the entries `keep` of its flattened observations (the
+    `info["final_observation"]` of a step too); dynamics, keys and resets are the wrapped `env`'s."""
+
+    def __init__(self, env, keep: tuple[int, ...]):
+        self.env, self.keep = env, tuple(keep)
+
+    def action_space(self, env_params):
+        return self.env.action_space(env_params)
+
+    def observation_space(self, env_params):
+        from gymnax.environments import spaces
+
+        space, keep = self.env.observation_space(env_params), jnp.array(self.keep)
+        bound = lambda b: jnp.ravel(jnp.broadcast_to(b, space.shape))[keep]  # noqa: E731
+        return spaces.Box(bound(space.low), bound(space.high), (len(keep),), space.dtype)
+
+    def _shown(self, obs):
+        return jnp.ravel(obs)[jnp.array(self.keep)]
+
+    def reset(self, key, env_params=None):
+        obs, env_state = self.env.reset(key, env_params)
+        return self._shown(obs), env_state
+
+    def step(self, key, state, action, env_params=None):
+        obs, env_state, reward, terminated, truncated, info = self.env.step(key, state, action, env_params)
+        info = {**info, "final_observation": self._shown(info["final_observation"])}
+        return self._shown(obs), env_state, reward, terminated, truncated, info
+
+
+class WindowState(NamedTuple):
+    env_state: Any  # the wrapped environment's
+    window: jax.Array  # [L, F + 1]
+
+
+class ContextWindow:
+    """A gymnax environment observed as a window `[L, F + 1]` of its last L observations (flattened, F each).
+
+    Row L - 1 is the newest observation; the last column is 1 for rows of the
+    current episode, 0 for empty rows. An episode end clears the window.
+    `info["final_observation"]` is the window ending with the episode's last
+    observation: a truncated episode bootstraps from its own context. `observe`
+    is that update, from one observation of the wrapped environment (shape
+    `raw_obs_shape`); `run.load_agent` keeps windows with it for a caller's observations.
+    """
+
+    def __init__(self, env, env_params, context_len: int):
+        self.env, self.context_len = env, context_len
+        self.raw_obs_shape = tuple(env.observation_space(env_params).shape)
+        self.obs_dim = math.prod(self.raw_obs_shape)
+        self.window_shape = (context_len, self.obs_dim + 1)
+
+    def action_space(self, env_params):
+        return self.env.action_space(env_params)
+
+    def observe(self, window, obs, first):
+        """The window after `obs`: the oldest row out, `[obs, 1]` in; if `obs` starts an episode (`first`),
+        the rows of the one before are cleared first."""
+        row = jnp.append(jnp.ravel(obs).astype(jnp.float32), 1.0)
+        return jnp.concatenate([jnp.where(first, 0.0, window)[1:], row[None]])
+
+    def reset(self, key, env_params):
+        obs, env_state = self.env.reset(key, env_params)
+        window = self.observe(jnp.zeros(self.window_shape, jnp.float32), obs, True)
+        return window, WindowState(env_state=env_state, window=window)
+
+    def step(self, key, state: WindowState, action, env_params):
+        obs, env_state, reward, terminated, truncated, info = self.env.step(key, state.env_state, action,
+                                                                            env_params)
+        window = self.observe(state.window, obs, jnp.logical_or(terminated, truncated))  # obs: after any reset
+        info = {**info, "final_observation": self.observe(state.window, info["final_observation"], False)}
+        return window, WindowState(env_state=env_state, window=window), reward, terminated, truncated, info
 
 
 class EpisodeStats(NamedTuple):
@@ -120,13 +211,17 @@ def init_obs_stats(obs_shape) -> ObsStats:
     return ObsStats(jnp.zeros(obs_shape, jnp.float32), jnp.ones(obs_shape, jnp.float32), jnp.float32(0))
 
 
-def update_obs_stats(stats: ObsStats, obs: jax.Array, axis_name: str = devices.DEVICE_AXIS) -> ObsStats:
-    """`stats` merged with a batch `obs` `[..., *obs_shape]` of every device (Chan et al.'s parallel update).
+def update_obs_stats(stats: ObsStats | None, obs: jax.Array,
+                     axis_name: str = devices.DEVICE_AXIS) -> ObsStats | None:
+    """`stats` merged with a batch `obs` `[..., *obs_shape]` of every device (Chan et al.'s parallel update);
+    None when `stats` is None (`--normalize-obs` off).
 
     Call inside `devices.compile_epoch`: the batch's mean and variance are those of
     every device's batch together (`lax.pmean`; every device holds a batch of the
     same size), so each device ends with the same statistics; each seed keeps its own.
     """
+    if stats is None:
+        return None
     x = obs.reshape((-1,) + stats.mean.shape).astype(jnp.float32)
     mean = jax.lax.pmean(jnp.mean(x, 0), axis_name)
     var = jax.lax.pmean(jnp.mean((x - mean) ** 2, 0), axis_name)
@@ -143,6 +238,15 @@ def normalize_obs(stats: ObsStats | None, obs: jax.Array) -> jax.Array:
     if stats is None:
         return obs
     return jnp.clip((obs.astype(jnp.float32) - stats.mean) / jnp.sqrt(stats.var + 1e-8), -10.0, 10.0)
+
+
+def normalize_window(stats: ObsStats | None, window: jax.Array) -> jax.Array:
+    """Windows `[..., L, F + 1]` (`ContextWindow`) with their observation columns normalized (`normalize_obs`,
+    statistics `[F]`), empty rows kept at 0 and the last column as it is; `window` itself when `stats` is None."""
+    if stats is None:
+        return window
+    obs, in_episode = window[..., :-1], window[..., -1:]
+    return jnp.concatenate([normalize_obs(stats, obs) * in_episode, in_episode], -1)
 
 
 def evaluate(env, env_params, act: Callable, params, key: jax.Array, n_episodes: int) -> jax.Array:

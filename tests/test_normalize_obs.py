@@ -92,8 +92,8 @@ def test_normalize_obs_gives_zero_mean_unit_variance_and_clips():
 def test_normalize_window_keeps_empty_rows_and_the_episode_column():
     stats = envs.ObsStats(jnp.array([1.0, -2.0]), jnp.array([4.0, 0.25]), jnp.float32(10))
     window = jnp.array([[0.0, 0.0, 0.0], [3.0, -1.0, 1.0], [1.0, -2.0, 1.0]])  # oldest row empty
-    np.testing.assert_allclose(st.normalize_window(stats, window), [[0, 0, 0], [1, 2, 1], [0, 0, 1]], atol=1e-6)
-    assert st.normalize_window(None, window) is window
+    np.testing.assert_allclose(envs.normalize_window(stats, window), [[0, 0, 0], [1, 2, 1], [0, 0, 1]], atol=1e-6)
+    assert envs.normalize_window(None, window) is window
 
 
 # ----------------------------------------------------------------------------
@@ -134,7 +134,13 @@ def compiled(name, **overrides):
 
 
 def normalize(name, stats, obs):
-    return st.normalize_window(stats, obs) if name == "skip_transformer" else envs.normalize_obs(stats, obs)
+    return envs.normalize_window(stats, obs) if name == "skip_transformer" else envs.normalize_obs(stats, obs)
+
+
+def without_stats(state):
+    """The script's state without its observation statistics: the runner inside `envs.Normalized`, or the
+    state with its `obs_stats` field None (what the state is with the flag off)."""
+    return state.runner if isinstance(state, envs.Normalized) else state._replace(obs_stats=None)
 
 
 def some_observations(name, stats, n=6):
@@ -152,7 +158,7 @@ def test_epochs_with_normalize_obs(name):
     config, trainer, init, epoch = compiled(name, normalize_obs=True)
     _, plain, plain_init, plain_epoch = compiled(name)
     state = init()
-    assert isinstance(state, envs.Normalized)
+    assert isinstance(state, envs.Normalized) or (type(state) is type(plain_init()) and state.obs_stats is not None)
     stats = host(state.obs_stats)
     np.testing.assert_array_equal(stats.count, 0)
     np.testing.assert_array_equal(stats.mean, 0)
@@ -161,7 +167,7 @@ def test_epochs_with_normalize_obs(name):
     # the first epoch normalizes with mean 0 and variance 1 (and CartPole's |obs| < 10): the epoch without the flag
     first, metrics = epoch(state)
     plain_first, plain_metrics = plain_epoch(plain_init())
-    chex.assert_trees_all_close(host(first.runner), host(plain_first), rtol=1e-6, atol=1e-6)
+    chex.assert_trees_all_close(host(without_stats(first)), host(plain_first), rtol=1e-6, atol=1e-6)
     chex.assert_trees_all_close(host(metrics), host(plain_metrics), rtol=1e-6, atol=1e-6)
 
     state = first
@@ -181,18 +187,19 @@ def test_epochs_with_normalize_obs(name):
     for _ in range(2):
         plain_state, _ = plain_epoch(plain_state)
     field = RUNNER_PARAMS[name]
-    assert not np.allclose(jax.tree.leaves(host(getattr(state.runner, field)))[0],
+    assert not np.allclose(jax.tree.leaves(host(getattr(without_stats(state), field)))[0],
                            jax.tree.leaves(host(getattr(plain_state, field)))[0])
 
     # act normalizes with the statistics that params(state) hands it
     params = jax.tree.map(lambda x: x[0, 1], trainer.policy(state))  # device 0, seed 1
     net_params, obs_stats = params
-    chex.assert_trees_all_equal(net_params, jax.tree.map(lambda x: x[0, 1], getattr(state.runner, field)))
+    chex.assert_trees_all_equal(net_params, jax.tree.map(lambda x: x[0, 1], getattr(without_stats(state), field)))
     chex.assert_trees_all_equal(obs_stats, jax.tree.map(lambda x: x[0, 1], state.obs_stats))
     key = jax.random.PRNGKey(0)
+    unnormalized = jax.tree.map(lambda x: x[0, 1], plain.policy(without_stats(state)))  # the same network, flag off
     for obs in some_observations(name, obs_stats):
         np.testing.assert_array_equal(trainer.act(params, obs, key),
-                                      plain.act(net_params, normalize(name, obs_stats, obs), key))
+                                      plain.act(unnormalized, normalize(name, obs_stats, obs), key))
 
 
 @pytest.mark.parametrize("name", ["ppo_joint", "awr"])
@@ -202,6 +209,16 @@ def test_flag_off_leaves_the_runner_state_as_it_was(name):
     module = SCRIPTS[name][0]
     assert type(state) is module.RunnerState and "obs_stats" not in module.RunnerState._fields
     assert trainer.policy(state) is getattr(state, RUNNER_PARAMS[name])
+
+
+def test_flag_off_holds_no_statistics():
+    """skip_transformer: one state type, whose `obs_stats` is None without the flag (no arrays, the same program)."""
+    config, trainer, init, _ = compiled("skip_transformer")
+    state, normalized = jax.eval_shape(init), jax.eval_shape(compiled("skip_transformer", normalize_obs=True)[2])
+    assert type(state) is st.RunnerState and state.obs_stats is None
+    assert len(jax.tree.leaves(normalized)) == len(jax.tree.leaves(state)) + len(envs.ObsStats._fields)
+    policy = trainer.policy(state)
+    assert type(policy) is envs.Policy and policy.params is state.params and policy.obs_stats is None
 
 
 def test_two_devices_two_seeds():

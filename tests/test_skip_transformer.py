@@ -1,6 +1,6 @@
-"""algos/skip_transformer.py: the context window, causal masking, depth, the PPO loss, the
-compiled epoch (real skipping, one depth for every seed and device), bad input, the CLI and
-learning (the Transformer beats a memory-less policy on CartPoleNoVel-v1).
+"""algos/skip_transformer.py: causal masking, depth, the PPO loss, the compiled epoch (real
+skipping, one depth for every seed and device), bad input, the CLI and learning (the Transformer
+beats a memory-less policy on CartPoleNoVel-v1). The context window: tests/test_envs.py.
 
 Sizes are tiny (4 envs x 32 steps, 2 blocks of width 8) so that a compiled epoch is cheap.
 """
@@ -58,40 +58,6 @@ def count_primitive(jaxpr, name: str) -> int:
                 elif isinstance(sub, jax.extend.core.Jaxpr):
                     count += count_primitive(sub, name)
     return count
-
-
-# ----------------------------------------------------------------------------
-# The context window
-# ----------------------------------------------------------------------------
-def test_context_window_slides_and_resets_at_episode_ends():
-    """The window against the wrapped gymnax CartPole stepped alongside with the same keys."""
-    env, params = st.make_env("CartPoleNoVel-v1", 3)
-    params = params.replace(max_steps_in_episode=12)  # a time limit that alternating actions reach
-    inner = env.env
-    key = jax.random.PRNGKey(0)
-    window, state = jax.jit(env.reset)(key, params)
-    ref_obs, ref_state = inner.reset(key, params)
-    np.testing.assert_array_equal(window, [[0, 0, 0], [0, 0, 0], [ref_obs[0], ref_obs[2], 1]])
-    step, ref_step = jax.jit(env.step), jax.jit(inner.step)
-    ends, t_in_episode = [], 0
-    for t in range(40):
-        action = 1 if len(ends) == 0 else t % 2  # first episode: always push right and fall
-        key = jax.random.fold_in(key, t)
-        new_window, state, _, terminated, truncated, info = step(key, state, action, params)
-        ref_obs, ref_state, _, ref_term, ref_trunc, ref_info = ref_step(key, ref_state, action, params)
-        assert (terminated, truncated) == (ref_term, ref_trunc)
-        final = np.concatenate([window[1:], [[ref_info["final_observation"][0], ref_info["final_observation"][2], 1]]])
-        np.testing.assert_array_equal(info["final_observation"], final)
-        t_in_episode += 1
-        if terminated or truncated:  # cleared: only the reset observation
-            ends.append("terminated" if terminated else "truncated")
-            np.testing.assert_array_equal(new_window, [[0, 0, 0], [0, 0, 0], [ref_obs[0], ref_obs[2], 1]])
-            t_in_episode = 0
-        else:  # slid: the oldest row out, the newest in
-            np.testing.assert_array_equal(new_window, final)
-        assert new_window[:, -1].sum() == min(3, t_in_episode + 1)
-        window = new_window
-    assert "terminated" in ends and "truncated" in ends, ends
 
 
 # ----------------------------------------------------------------------------
@@ -447,7 +413,7 @@ def saved_run(tmp_path_factory):
 
 @pytest.mark.slow  # about 40 s on 2 loaded cores, most of it compiling the run
 def test_load_agent_keeps_each_environments_window_as_training_does(saved_run):
-    """The loaded agent, fed the wrapped CartPole's raw observations and the episode starts, holds the
+    """The loaded agent, fed CartPoleNoVel-v1's observations and the episode starts, holds the
     windows that the training rollout's ContextWindow builds from the same episodes and acts as the
     training code's policy on them: every seed at once, each seed alone, one environment or a batch."""
     config = cli.load_config(Config, saved_run)

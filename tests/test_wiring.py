@@ -294,7 +294,7 @@ def test_skip_transformer_epoch():
     state = c.state_after_warmup()
     before = first(state)
     rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
-    traj, stats, runner = rollout.traj, before.obs_stats, before.runner
+    traj, stats, runner = rollout.traj, before.obs_stats, before
     assert np.abs(stats.var - 1).max() > 0.1
     # windows [T, B, L, F + 1]: the newest row is the observation; a final window is the window before
     # it shifted by one row, with the final observation (before any reset) as its newest
@@ -305,7 +305,7 @@ def test_skip_transformer_epoch():
     np.testing.assert_array_equal(traj.final_obs[..., -1, -1], 1.0)
     np.testing.assert_array_equal(traj.obs[1:][traj.done[:-1]][:, :-1], 0.0)  # a new episode: an empty context
 
-    net = lambda windows: host(st.network(runner.params, st.normalize_window(stats, flat(windows)), dist,  # noqa
+    net = lambda windows: host(st.network(runner.params, envs.normalize_window(stats, flat(windows)), dist,  # noqa
                                           config))
     inputs, values, _ = net(traj.obs)
     values, next_values = values.reshape(traj.reward.shape), net(traj.final_obs)[1].reshape(traj.reward.shape)
@@ -317,8 +317,8 @@ def test_skip_transformer_epoch():
 
     log_prob = dist.log_prob(jnp.asarray(inputs), flat(traj.action))
     np.testing.assert_allclose(flat(traj.log_prob), log_prob, rtol=1e-5, atol=1e-5)
-    batch = st.Batch(st.normalize_window(stats, flat(traj.obs)), flat(traj.action), log_prob,
-                     flat(advantages).astype(jnp.float32), flat(targets).astype(jnp.float32))
+    batch = st.Batch(obs=envs.normalize_window(stats, flat(traj.obs)), action=flat(traj.action), log_prob=log_prob,
+                     advantage=flat(advantages).astype(jnp.float32), target=flat(targets).astype(jnp.float32))
     _, (want, _) = st.ppo_loss(runner.params, batch, runner.skip_step, jax.random.PRNGKey(0), dist, config)
     metrics = first(metrics)
     assert metrics["skip/layers_run"] == config.n_layers

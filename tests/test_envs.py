@@ -1,0 +1,98 @@
+"""common/envs.py's partial-observation wrappers: CartPoleNoVel-v1 (`HiddenEntries`) and the context
+window (`ContextWindow`) against gymnax's CartPole stepped alongside with the same keys; `make_env`
+builds CartPoleNoVel-v1 for every script and suggests it for a near miss.
+"""
+import importlib
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from common import cli, devices, envs
+
+SCRIPTS = ["ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer"]
+
+
+def test_cartpole_without_velocities_shows_x_and_theta_of_cartpole():
+    env, params = envs.make_env("CartPoleNoVel-v1")
+    ref, ref_params = gymnax.make("CartPole-v1")
+    space, ref_space = env.observation_space(params), ref.observation_space(ref_params)
+    assert space.shape == (2,) and space.dtype == ref_space.dtype
+    np.testing.assert_array_equal(space.low, ref_space.low[jnp.array([0, 2])])
+    np.testing.assert_array_equal(space.high, ref_space.high[jnp.array([0, 2])])
+    assert env.action_space(params).n == ref.action_space(ref_params).n
+    key = jax.random.PRNGKey(1)
+    (obs, state), (ref_obs, ref_state) = env.reset(key, params), ref.reset(key, ref_params)
+    np.testing.assert_array_equal(obs, ref_obs[jnp.array([0, 2])])
+    for t in range(30):  # always push right: the pole falls, and the episode restarts
+        key = jax.random.fold_in(key, t)
+        obs, state, reward, terminated, truncated, info = env.step(key, state, 1, params)
+        ref_obs, ref_state, ref_reward, ref_term, ref_trunc, ref_info = ref.step(key, ref_state, 1, ref_params)
+        assert (reward, terminated, truncated) == (ref_reward, ref_term, ref_trunc)
+        np.testing.assert_array_equal(obs, ref_obs[jnp.array([0, 2])])
+        np.testing.assert_array_equal(info["final_observation"], ref_info["final_observation"][jnp.array([0, 2])])
+        assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state, ref_state))), t  # the same dynamics
+
+
+def test_context_window_slides_and_resets_at_episode_ends():
+    """The window of CartPoleNoVel-v1 against gymnax's CartPole stepped alongside with the same keys."""
+    inner, params = envs.make_env("CartPoleNoVel-v1")
+    env = envs.ContextWindow(inner, params, 3)
+    assert env.raw_obs_shape == (2,) and env.obs_dim == 2 and env.window_shape == (3, 3)
+    params = params.replace(max_steps_in_episode=12)  # a time limit that alternating actions reach
+    ref = gymnax.make("CartPole-v1")[0]
+    key = jax.random.PRNGKey(0)
+    window, state = jax.jit(env.reset)(key, params)
+    ref_obs, ref_state = ref.reset(key, params)
+    np.testing.assert_array_equal(window, [[0, 0, 0], [0, 0, 0], [ref_obs[0], ref_obs[2], 1]])
+    step, ref_step = jax.jit(env.step), jax.jit(ref.step)
+    ends, t_in_episode = [], 0
+    for t in range(40):
+        action = 1 if len(ends) == 0 else t % 2  # first episode: always push right and fall
+        key = jax.random.fold_in(key, t)
+        new_window, state, _, terminated, truncated, info = step(key, state, action, params)
+        ref_obs, ref_state, _, ref_term, ref_trunc, ref_info = ref_step(key, ref_state, action, params)
+        assert (terminated, truncated) == (ref_term, ref_trunc)
+        final = np.concatenate([window[1:], [[ref_info["final_observation"][0], ref_info["final_observation"][2], 1]]])
+        np.testing.assert_array_equal(info["final_observation"], final)
+        t_in_episode += 1
+        if terminated or truncated:  # cleared: only the reset observation
+            ends.append("terminated" if terminated else "truncated")
+            np.testing.assert_array_equal(new_window, [[0, 0, 0], [0, 0, 0], [ref_obs[0], ref_obs[2], 1]])
+            t_in_episode = 0
+        else:  # slid: the oldest row out, the newest in
+            np.testing.assert_array_equal(new_window, final)
+        assert new_window[:, -1].sum() == min(3, t_in_episode + 1)
+        window = new_window
+    assert "terminated" in ends and "truncated" in ends, ends
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_trains_and_acts_on_cartpole_without_velocities(script):
+    """`--env CartPoleNoVel-v1`: the script's environments show 2 entries, and its network reads 2."""
+    module = importlib.import_module(f"algos.{script}")
+    trainer = module.make_trainer(module.Config(env="CartPoleNoVel-v1", n_devices=1))
+    env = trainer.env
+    windowed = hasattr(env, "window_shape")
+    assert (env.raw_obs_shape if windowed else env.observation_space(trainer.env_params).shape) == (2,)
+    obs = jnp.zeros(env.window_shape if windowed else (2,), jnp.float32)
+    keys = devices.seed_keys(jax.random.PRNGKey(0), 1, 1)
+
+    def first_action(keys):  # the state of device 0, seed 0, as trained and checkpointed
+        policy = jax.tree.map(lambda x: x[0, 0], trainer.policy(devices.compile_init(trainer.init)(keys)))
+        return trainer.act(policy, obs, jax.random.PRNGKey(1))
+
+    assert jax.eval_shape(first_action, keys).shape == ()  # one discrete action
+    reset_obs, _ = jax.eval_shape(env.reset, jax.random.PRNGKey(0), trainer.env_params)
+    assert reset_obs.shape == obs.shape
+
+
+@pytest.mark.parametrize("env_id", ["CartPoleNoVel", "cartpolenovel-v2", "CartPoleNoVel-v0"])
+def test_an_unknown_id_suggests_cartpole_without_velocities(env_id):
+    with pytest.raises(cli.ConfigError) as info:
+        envs.make_env(env_id)
+    message = str(info.value)
+    assert message.startswith(f"--env {env_id!r} is not a gymnax environment or CartPoleNoVel-v1.")
+    assert "Did you mean CartPoleNoVel-v1" in message and message.endswith(", CartPoleNoVel-v1")
