@@ -113,8 +113,7 @@ class Config(cli.RunConfig):
 # Network: plain functions over a parameter pytree (observations: envs.ContextWindow's windows)
 # ----------------------------------------------------------------------------
 def scaled_normal_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    """A dense layer with scaled normal weights (std scale / sqrt(n_in)) and zero bias (not the orthogonal
-    `nets.dense_init`)."""
+    """A dense layer: normal weights of std scale / sqrt(n_in) (not `nets.dense_init`'s orthogonal ones), zero bias."""
     w = jax.random.normal(key, (n_in, n_out), jnp.float32) * scale / np.sqrt(n_in)
     return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 
@@ -180,8 +179,7 @@ def network(params: dict, windows: jax.Array, dist, config: Config, mode: skippi
 
 
 def greedy_action(policy: envs.Policy, window: jax.Array, dist, config: Config, eval_depth=None):
-    """The mode of the policy for ONE window `[L, F + 1]` (normalized with `policy.obs_stats` unless None),
-    running the first `eval_depth` blocks."""
+    """The policy's mode on ONE window `[L, F + 1]`, normalized by `policy.obs_stats`, running `eval_depth` blocks."""
     window = envs.normalize_window(policy.obs_stats, window)
     inputs = network(policy.params, window[None], dist, config, "eval", eval_depth=eval_depth)[0][0]
     return dist.clip_action(dist.mode(inputs))
@@ -202,21 +200,19 @@ class RunnerState(NamedTuple):
     key: jax.Array  # differs per device
 
 
-class Transition(NamedTuple):
+class Transition(NamedTuple):  # the windows, what the policy did, what the environment answered
     obs: jax.Array  # window at s_t
-    action: jax.Array
+    final_obs: jax.Array  # window at s_{t+1} before any reset (bootstraps truncated episodes)
+    action: jax.Array  # a_t ~ pi_old(. | s_t)
+    log_prob: jax.Array  # log pi_old(a_t | s_t)
+    greedy_action: jax.Array  # mode of pi_old(. | s_t): policy/preferred_move is its mean (discrete actions)
+    value: jax.Array  # V(s_t)
     reward: jax.Array
     terminated: jax.Array  # no future: discount_t = 0
     done: jax.Array  # terminated or truncated: the GAE trace stops
-    value: jax.Array  # V(s_t)
-    log_prob: jax.Array  # log pi_old(a_t | s_t)
-    final_obs: jax.Array  # window at s_{t+1} before any reset (bootstraps truncated episodes)
-    greedy_action: jax.Array  # mode of pi_old(. | s_t): policy/preferred_move is its mean (discrete actions)
 
 
-class Rollout(NamedTuple):
-    """An epoch before its update: the runner after T steps and what the update trains on."""
-
+class Rollout(NamedTuple):  # an epoch before its update: the runner after T steps and what the update trains on
     runner: RunnerState
     traj: Transition  # [T, B, ...] as collected (raw windows)
     advantages: jax.Array  # [T, B]
@@ -299,7 +295,6 @@ def make_trainer(config: Config) -> run.Trainer:
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
     clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
-    step_envs = jax.vmap(env.step, (0, 0, 0, None))
     flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
 
     def init(key) -> RunnerState:
@@ -313,21 +308,20 @@ def make_trainer(config: Config) -> run.Trainer:
                            skip_step=jnp.int32(0), depth_key=depth_key, key=run_key)
 
     def rollout(runner: RunnerState) -> Rollout:
-        # --normalize-obs: the network sees windows normalized with the statistics of earlier epochs.
-        norm = functools.partial(envs.normalize_window, runner.obs_stats)  # off (None): the identity
+        norm = functools.partial(envs.normalize_window, runner.obs_stats)  # statistics of earlier epochs (None: as is)
 
         # COLLECT: T steps of B environments; every block runs (as Trax's collect mode).
         def env_step(runner: RunnerState, _):
             key, act_key, step_key = jax.random.split(runner.key, 3)
             inputs, value, _ = network(runner.params, norm(runner.obs), dist, config)
             action = dist.sample(inputs, act_key)
-            obs, env_state, reward, terminated, truncated, info = step_envs(
+            obs, env_state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
                 jax.random.split(step_key, layout.envs_per_device), runner.env_state, dist.clip_action(action),
                 env_params)
             done = jnp.logical_or(terminated, truncated)
-            transition = Transition(obs=runner.obs, action=action, reward=reward, terminated=terminated, done=done,
-                                    value=value, log_prob=dist.log_prob(inputs, action),
-                                    final_obs=info["final_observation"], greedy_action=dist.mode(inputs))
+            transition = Transition(obs=runner.obs, final_obs=info["final_observation"], action=action,
+                                    log_prob=dist.log_prob(inputs, action), greedy_action=dist.mode(inputs),
+                                    value=value, reward=reward, terminated=terminated, done=done)
             stats = envs.update_episode_stats(runner.stats, reward, done)
             return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
 
@@ -342,20 +336,17 @@ def make_trainer(config: Config) -> run.Trainer:
 
     def epoch(runner: RunnerState):
         collected = rollout(runner)
-        runner, traj = collected.runner, collected.traj
+        runner, traj, targets = collected.runner, collected.traj, collected.targets
         batch = jax.tree.map(flat, Batch(obs=envs.normalize_window(runner.obs_stats, traj.obs), action=traj.action,
-                                         log_prob=traj.log_prob, advantage=collected.advantages,
-                                         target=collected.targets))
+                                         log_prob=traj.log_prob, advantage=collected.advantages, target=targets))
 
-        # UPDATE: update_epochs passes of num_minibatches Adam steps, each running ONE random depth drawn
-        # from depth_key: the same key on every device, and the first seed's draw serves every seed
-        # (skipping.first_copy), so the lax.cond predicate is unbatched and skipped blocks do not run.
-        # Gradients averaged over devices.
+        # UPDATE: update_epochs passes of num_minibatches Adam steps, each running ONE random depth drawn from
+        # depth_key: the same key on every device, and the first seed's draw serves every seed (skipping.first_copy),
+        # so the lax.cond predicate is unbatched and skipped blocks do not run. Gradients averaged over devices.
         def minibatch_step(carry, minibatch: Batch):
             params, opt_state, step = carry
             rng = jax.random.fold_in(runner.depth_key, step)
-            grads, (metrics, next_step) = jax.grad(ppo_loss, has_aux=True)(params, minibatch, step, rng, dist,
-                                                                            config)
+            grads, (metrics, next_step) = jax.grad(ppo_loss, has_aux=True)(params, minibatch, step, rng, dist, config)
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
             updates, opt_state = tx.update(grads, opt_state, params)
             metrics["optim/grad_norm"] = optax.tree.norm(grads)
@@ -366,23 +357,19 @@ def make_trainer(config: Config) -> run.Trainer:
 
         def update_epoch(carry, key):
             order = jax.random.permutation(key, layout.rollout_size)
-            minibatches = jax.tree.map(
-                lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch)
+            minibatches = jax.tree.map(lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch)
             return jax.lax.scan(minibatch_step, carry, minibatches)
 
         key, perm_key = jax.random.split(runner.key)
-        (params, opt_state, skip_step), losses = jax.lax.scan(
-            update_epoch, (runner.params, runner.opt_state, runner.skip_step),
-            jax.random.split(perm_key, config.update_epochs))
+        learner = (runner.params, runner.opt_state, runner.skip_step)
+        (params, opt_state, skip_step), losses = jax.lax.scan(update_epoch, learner,
+                                                              jax.random.split(perm_key, config.update_epochs))
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
-        metrics.update({
-            "policy/preferred_move": jnp.mean(traj.greedy_action),  # mean greedy action (discrete actions)
-            "skip/warmup": skipping.warmup_factor(skip_step, config.skip_warmup_steps),
-        })
+        metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)  # the mean greedy action (discrete actions)
+        metrics["skip/warmup"] = skipping.warmup_factor(skip_step, config.skip_warmup_steps)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
-        targets = collected.targets
         metrics.update(residual_metrics(targets - traj.value, targets))  # R - V over every device's batch
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
         # --normalize-obs: this epoch's observations (each window's newest), every device's, join the statistics
