@@ -87,6 +87,9 @@ def test_every_script_trains_and_acts_on_cartpole_without_velocities(script):
     assert jax.eval_shape(first_action, keys).shape == ()  # one discrete action
     reset_obs, _ = jax.eval_shape(env.reset, jax.random.PRNGKey(0), trainer.env_params)
     assert reset_obs.shape == obs.shape
+    state = jax.eval_shape(devices.compile_init(trainer.init), keys)  # an epoch traces: rollout, targets, update
+    after, metrics = jax.eval_shape(devices.compile_epoch(trainer.epoch, 1, donate=False), state)
+    assert jax.tree.structure(after) == jax.tree.structure(state) and "episode/return" in metrics
 
 
 @pytest.mark.parametrize("env_id", ["CartPoleNoVel", "cartpolenovel-v2", "CartPoleNoVel-v0"])
