@@ -74,7 +74,7 @@ class Config(cli.RunConfig):
     """lowest epsilon"""
     hidden: tuple[int, ...] = (64, 64)
     """body layer widths"""
-    activation: Literal["relu", "tanh"] = "relu"
+    activation: nets.Activation = "relu"
     """body activation"""
 
     def __post_init__(self):
@@ -84,12 +84,13 @@ class Config(cli.RunConfig):
         cli.require(self.n_step >= 1, f"--n-step {self.n_step}: use 1 (one-step targets) or more")
         cli.require(self.sync_freq >= 1, f"--sync-freq {self.sync_freq}: use 1 (sync after every "
                                          f"gradient step) or more")
-        cli.require(self.replay_size >= self.batch_size,
-                    f"--n-replay-epochs {self.n_replay_epochs}: the replay holds {self.replay_size} transitions "
+        held = self.capacity * self.num_envs  # transitions of a full replay, all devices together
+        cli.require(held >= self.batch_size,
+                    f"--n-replay-epochs {self.n_replay_epochs}: the replay holds {held} transitions "
                     f"({self.n_replay_epochs} epochs x {self.num_envs} envs x {self.num_steps} steps), fewer "
                     f"than --batch-size {self.batch_size}; keep more epochs or use a smaller batch")
-        cli.require(self.n_step <= self.n_replay_epochs * self.num_steps,
-                    f"--n-step {self.n_step} is longer than the replay's {self.n_replay_epochs * self.num_steps} "
+        cli.require(self.n_step <= self.capacity,
+                    f"--n-step {self.n_step} is longer than the replay's {self.capacity} "
                     f"steps per environment; use a smaller --n-step or more --n-replay-epochs")
         cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
@@ -103,34 +104,23 @@ class Config(cli.RunConfig):
         cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
 
     @property
-    def replay_size(self) -> int:
-        """Transitions the replay holds when full, all devices together."""
-        return self.n_replay_epochs * self.num_envs * self.num_steps
+    def capacity(self) -> int:
+        """Rows of the replay's ring buffer: each environment's steps of the last n_replay_epochs epochs."""
+        return self.n_replay_epochs * self.num_steps
 
 
 # ----------------------------------------------------------------------------
 # Network: plain functions over a parameter pytree
 # ----------------------------------------------------------------------------
-def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    w = nets.orthogonal(key, (n_in, n_out), scale)
-    return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
-
-
 def init_network(key, obs_dim: int, hidden: tuple, n_actions: int) -> dict:
     keys = jax.random.split(key, len(hidden) + 1)
-    sizes = (obs_dim,) + tuple(hidden)
-    return {
-        "body": [dense_init(k, a, b, np.sqrt(2)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])],
-        "head": dense_init(keys[-1], sizes[-1], n_actions, 1.0),
-    }
+    return {"body": nets.torso_init(keys[:-1], obs_dim, hidden),
+            "head": nets.dense_init(keys[-1], hidden[-1], n_actions, 1.0)}
 
 
-def network(params: dict, obs: jax.Array, activation: str) -> jax.Array:
+def network(params: dict, obs: jax.Array, activation: nets.Activation) -> jax.Array:
     """One observation -> the network's outputs, one per action `[A]` (Q = outputs * scale)."""
-    act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[activation]
-    x = jnp.ravel(obs).astype(jnp.float32)
-    for layer in params["body"]:
-        x = act(x @ layer["w"] + layer["b"])
+    x = nets.torso(params["body"], obs, activation)
     return x @ params["head"]["w"] + params["head"]["b"]
 
 
@@ -143,7 +133,16 @@ class Transition(NamedTuple):
     reward: jax.Array
     terminated: jax.Array  # no future: no bootstrap
     done: jax.Array  # terminated or truncated: an n-step window stops here
-    next_obs: jax.Array  # s_{t+1} before any reset (bootstraps truncated episodes)
+    final_obs: jax.Array  # s_{t+1} before any reset (bootstraps truncated episodes)
+
+
+class Replay(NamedTuple):
+    """A ring buffer of `capacity` rows (Config.capacity: each environment's steps of the last
+    n_replay_epochs epochs), each environment's column in time order."""
+
+    data: Transition  # [capacity, B, ...]
+    position: jax.Array  # [] the next row to write
+    filled: jax.Array  # [] rows holding data (at most capacity)
 
 
 class Batch(NamedTuple):
@@ -154,15 +153,21 @@ class Batch(NamedTuple):
     boot_obs: jax.Array  # s'_{t+m-1}: the observation the target bootstraps from
 
 
+class NStep(NamedTuple):
+    """The parts of the n-step targets of `[N]` windows: y = returns + discount * Q_target(s'_{t+last})."""
+
+    returns: jax.Array  # [N] G = sum_{k<m} gamma^k r_{t+k}
+    discount: jax.Array  # [N] gamma^m (1 - terminated_{t+m-1})
+    last: jax.Array  # [N] m - 1: the window's last step
+
+
 class RunnerState(NamedTuple):
     params: dict
     target_params: dict  # copied from params every sync_freq gradient steps
     opt_state: optax.OptState
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
-    replay: Transition  # ring buffer, [R, B, ...]: R = n_replay_epochs * num_steps rows in time order
-    replay_pos: jax.Array  # [] next row to write
-    replay_rows: jax.Array  # [] rows filled so far (at most R)
+    replay: Replay
     stats: envs.EpisodeStats
     epoch: jax.Array  # [] epochs done (drives epsilon)
     step: jax.Array  # [] gradient steps done (drives the target sync)
@@ -177,15 +182,14 @@ def epsilon_schedule(epoch, eps_start: float, eps_decay: float, eps_min: float):
     return jnp.maximum(eps_min, eps_start * eps_decay ** jnp.asarray(epoch, jnp.float32))
 
 
-def n_step_return(rewards, terminated, cut, gamma: float):
+def n_step_return(rewards, terminated, cut, gamma: float) -> NStep:
     """n-step discounted rewards of `[N, n]` windows of steps t, t+1, ..., t+n-1.
 
     The window stops at its first `cut` (an episode end, or the newest stored
-    step) or after n steps; m = its length. Returns
-    `(G = sum_{k<m} gamma^k r_{t+k}, discount = gamma^m (1 - terminated_{t+m-1}), last = m - 1)`:
-    the target is `G + discount * Q_target(s'_{t+m-1})`, with s' the observation
-    after that step before any reset, so a truncated episode bootstraps from its
-    final observation and a terminated one not at all.
+    step) or after n steps; m = its length. The target is
+    `G + discount * Q_target(s'_{t+m-1})`, with s' the observation after that
+    step before any reset, so a truncated episode bootstraps from its final
+    observation and a terminated one not at all.
     """
     chex.assert_rank([rewards, terminated, cut], 2)
     chex.assert_equal_shape([rewards, terminated, cut])
@@ -195,7 +199,7 @@ def n_step_return(rewards, terminated, cut, gamma: float):
     returns = jnp.sum(gamma ** k * rewards * inside, axis=1)
     ended = jnp.take_along_axis(terminated, last[:, None], axis=1)[:, 0]
     discount = gamma ** (last + 1.0) * (1.0 - ended.astype(jnp.float32))
-    return returns, discount, last
+    return NStep(returns=returns, discount=discount, last=last)
 
 
 def bootstrap_value(q_target, q_online, double: bool):
@@ -231,32 +235,37 @@ def dqn_loss(params, target_params, batch: Batch, config: Config):
     return loss, {"loss/value": loss, "q/mean": jnp.mean(q), "q/target_mean": jnp.mean(targets)}
 
 
-def write_rows(replay: Transition, rows: Transition, pos) -> Transition:
-    """Writes `[T, B, ...]` rows into the `[R, B, ...]` ring at row `pos` (R a multiple of T, pos of T)."""
-    chex.assert_rank([replay.reward, rows.reward], 2)
-    chex.assert_trees_all_equal_structs(replay, rows)
-    return jax.tree.map(lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, pos, axis=0), replay, rows)
+def replay_push(replay: Replay, rollout: Transition) -> Replay:
+    """`replay` with a `[T, B, ...]` rollout written at its position (capacity a multiple of T, position of T)."""
+    chex.assert_rank([replay.data.reward, rollout.reward], 2)
+    chex.assert_trees_all_equal_structs(replay.data, rollout)
+    capacity, n_rows = replay.data.reward.shape[0], rollout.reward.shape[0]
+    data = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, replay.position, axis=0),
+                        replay.data, rollout)
+    return Replay(data=data, position=(replay.position + n_rows) % capacity,
+                  filled=jnp.minimum(replay.filled + n_rows, capacity))
 
 
-def sample_batch(replay: Transition, pos, filled, key, n_samples: int, n_step: int, gamma: float) -> Batch:
+def sample_batch(replay: Replay, key, n_samples: int, n_step: int, gamma: float) -> Batch:
     """`n_samples` transitions drawn uniformly from the filled rows, with their n-step targets' parts.
 
     Each environment's column of the ring holds its steps in time order, so a
     window runs on from the sampled row (wrapping around the ring) until an
-    episode end or the newest row `pos - 1`, after which come older or empty rows.
+    episode end or the newest row `position - 1`, after which come older or empty rows.
     """
-    chex.assert_rank([replay.reward, replay.done, replay.terminated], 2)
-    size, n_envs = replay.reward.shape
+    data = replay.data
+    chex.assert_rank([data.reward, data.done, data.terminated], 2)
+    capacity, n_envs = data.reward.shape
     row_key, env_key = jax.random.split(key)
-    start = jax.random.randint(row_key, (n_samples,), 0, filled)
+    start = jax.random.randint(row_key, (n_samples,), 0, replay.filled)
     env = jax.random.randint(env_key, (n_samples,), 0, n_envs)
-    rows = (start[:, None] + jnp.arange(n_step)) % size  # [N, n]
-    window = lambda x: x[rows, env[:, None]]  # noqa: E731  [R, B] -> [N, n]
-    cut = window(replay.done) | (rows == (pos - 1) % size)
-    returns, discount, last = n_step_return(window(replay.reward), window(replay.terminated), cut, gamma)
-    boot_row = jnp.take_along_axis(rows, last[:, None], axis=1)[:, 0]
-    return Batch(replay.obs[start, env], replay.action[start, env], returns, discount,
-                 replay.next_obs[boot_row, env])
+    rows = (start[:, None] + jnp.arange(n_step)) % capacity  # [N, n]
+    window = lambda x: x[rows, env[:, None]]  # noqa: E731  [capacity, B] -> [N, n]
+    cut = window(data.done) | (rows == (replay.position - 1) % capacity)
+    parts = n_step_return(window(data.reward), window(data.terminated), cut, gamma)
+    boot_row = jnp.take_along_axis(rows, parts.last[:, None], axis=1)[:, 0]
+    return Batch(obs=data.obs[start, env], action=data.action[start, env], returns=parts.returns,
+                 discount=parts.discount, boot_obs=data.final_obs[boot_row, env])
 
 
 # ----------------------------------------------------------------------------
@@ -265,26 +274,18 @@ def sample_batch(replay: Transition, pos, filled, key, n_samples: int, n_step: i
 def make_trainer(config: Config) -> run.Trainer:
     from gymnax.environments import spaces
 
+    layout = devices.layout(config)
+    cli.require(config.batch_size % layout.n_devices == 0, f"--batch-size {config.batch_size} is not divisible by "
+                f"--n-devices {layout.n_devices}; use a multiple of {layout.n_devices}")
+    envs_per_device, batch_per_device = layout.envs_per_device, config.batch_size // layout.n_devices
     env, env_params = envs.make_env(config.env)
     space = env.action_space(env_params)
     if not isinstance(space, spaces.Discrete):
         raise cli.ConfigError(f"--env {config.env}: DQN needs discrete actions (one Q output per action), and its "
                               f"action space is {type(space).__name__}; use an environment with Discrete actions")
     n_actions = int(space.n)
-    n_devices = config.n_devices or jax.local_device_count()
-    for name in ("num_envs", "batch_size"):
-        if getattr(config, name) % n_devices:
-            raise cli.ConfigError(f"--{name.replace('_', '-')} {getattr(config, name)} is not divisible by "
-                                  f"--n-devices {n_devices}; use a multiple of {n_devices}")
-    envs_per_device, batch_per_device = config.num_envs // n_devices, config.batch_size // n_devices
-    steps_per_epoch = config.num_envs * config.num_steps
-    num_epochs = config.total_steps // steps_per_epoch
-    if num_epochs < 1:
-        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
-                              f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
     obs_shape = tuple(env.observation_space(env_params).shape)
-    replay_rows = config.n_replay_epochs * config.num_steps
-    n_updates = num_epochs * config.update_steps
+    n_updates = layout.num_epochs * config.update_steps
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
     clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
     # one flat vector for the optimiser: a few large kernels per step instead of a few per layer
@@ -297,12 +298,14 @@ def make_trainer(config: Config) -> run.Trainer:
         params = init_network(param_key, int(np.prod(obs_shape)), config.hidden, n_actions)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        zeros = lambda shape, dtype: jnp.zeros((replay_rows, envs_per_device) + shape, dtype)  # noqa: E731
-        replay = Transition(zeros(obs_shape, obs.dtype), zeros((), jnp.int32), zeros((), jnp.float32),
-                            zeros((), jnp.bool_), zeros((), jnp.bool_), zeros(obs_shape, obs.dtype))
+        zeros = lambda shape, dtype: jnp.zeros((config.capacity, envs_per_device) + shape, dtype)  # noqa: E731
+        data = Transition(obs=zeros(obs_shape, obs.dtype), action=zeros((), jnp.int32),
+                          reward=zeros((), jnp.float32), terminated=zeros((), jnp.bool_), done=zeros((), jnp.bool_),
+                          final_obs=zeros(obs_shape, obs.dtype))
         zero = jnp.int32(0)
-        return RunnerState(params, params, tx.init(params), env_state, obs, replay, zero, zero,
-                           envs.init_episode_stats(envs_per_device), zero, zero, run_key)
+        return RunnerState(params=params, target_params=params, opt_state=tx.init(params), env_state=env_state,
+                           obs=obs, replay=Replay(data=data, position=zero, filled=zero),
+                           stats=envs.init_episode_stats(envs_per_device), epoch=zero, step=zero, key=run_key)
 
     def epoch(runner: RunnerState):
         # COLLECT: T epsilon-greedy steps of B environments.
@@ -316,8 +319,8 @@ def make_trainer(config: Config) -> run.Trainer:
             obs, env_state, reward, terminated, truncated, info = step_envs(
                 jax.random.split(step_key, envs_per_device), runner.env_state, action, env_params)
             done = jnp.logical_or(terminated, truncated)
-            transition = Transition(runner.obs, action.astype(jnp.int32), reward.astype(jnp.float32),
-                                    terminated, done, info["final_observation"])
+            transition = Transition(obs=runner.obs, action=action.astype(jnp.int32), reward=reward.astype(jnp.float32),
+                                    terminated=terminated, done=done, final_obs=info["final_observation"])
             stats = envs.update_episode_stats(runner.stats, reward, done)
             return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
 
@@ -325,51 +328,47 @@ def make_trainer(config: Config) -> run.Trainer:
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
 
         # STORE: the rollout overwrites the oldest epoch's rows of the ring buffer.
-        replay = write_rows(runner.replay, traj, runner.replay_pos)
-        pos = (runner.replay_pos + config.num_steps) % replay_rows
-        filled = jnp.minimum(runner.replay_rows + config.num_steps, replay_rows)
+        runner = runner._replace(replay=replay_push(runner.replay, traj))
 
         # TARGETS: every update step's batch is drawn at once (the draws do not depend
         # on the parameters); y = G + gamma^m * Q_target(s'_{t+m-1}, a*) is completed
         # in the step, with the target network of that step.
         key, sample_key = jax.random.split(runner.key)
-        batches = sample_batch(replay, pos, filled, sample_key, config.update_steps * batch_per_device,
-                               config.n_step, config.gamma)
+        batches = sample_batch(runner.replay, sample_key, config.update_steps * batch_per_device, config.n_step,
+                               config.gamma)
         batches = jax.tree.map(lambda x: x.reshape((config.update_steps, batch_per_device) + x.shape[1:]),
                                batches)  # [U * N, ...] -> [U, N, ...]
 
         # UPDATE: gradient steps on the sampled batches; gradients averaged over devices.
-        def update_step(carry, batch: Batch):
-            params, target_params, opt_state, step = carry
+        def update_step(runner: RunnerState, batch: Batch):
+            params, target_params = runner.params, runner.target_params
             grads, metrics = jax.grad(dqn_loss, has_aux=True)(params, target_params, batch, config)
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            params, step = optax.apply_updates(params, updates), step + 1
+            updates, opt_state = tx.update(grads, runner.opt_state, params)
+            params, step = optax.apply_updates(params, updates), runner.step + 1
             # SYNC: the target network takes the online weights every sync_freq gradient steps.
             target_params = jax.tree.map(lambda t, p: jnp.where(step % config.sync_freq == 0, p, t),
                                          target_params, params)
             metrics["optim/grad_norm"] = optax.tree.norm(grads)
-            return (params, target_params, opt_state, step), metrics
+            return runner._replace(params=params, target_params=target_params, opt_state=opt_state, step=step), metrics
 
-        (params, target_params, opt_state, step), losses = jax.lax.scan(
-            update_step, (runner.params, runner.target_params, runner.opt_state, runner.step), batches)
+        runner, losses = jax.lax.scan(update_step, runner, batches)
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
         metrics["policy/epsilon"] = epsilon
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
-        metrics["replay/size"] = jax.lax.psum(filled * envs_per_device, devices.DEVICE_AXIS).astype(jnp.float32)
+        metrics["replay/size"] = jax.lax.psum(runner.replay.filled * envs_per_device,
+                                              devices.DEVICE_AXIS).astype(jnp.float32)
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        return runner._replace(params=params, target_params=target_params, opt_state=opt_state,
-                               replay=replay, replay_pos=pos, replay_rows=filled, epoch=runner.epoch + 1,
-                               step=step, key=key), metrics
+        return runner._replace(epoch=runner.epoch + 1, key=key), metrics
 
-    def act(params, obs, key):
+    def act(policy: envs.Policy, obs, key):
         del key  # greedy (temperature 0)
-        return jnp.argmax(network(params, obs, config.activation))
+        return jnp.argmax(network(policy.params, obs, config.activation))
 
-    return run.Trainer(init=init, epoch=epoch, act=act, policy=lambda s: s.params, env=env,
-                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs)
+    return run.Trainer(init=init, epoch=epoch, act=act, policy=lambda s: envs.Policy(params=s.params), env=env,
+                       env_params=env_params, steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs)
 
 
 if __name__ == "__main__":

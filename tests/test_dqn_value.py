@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from algos import dqn_value
-from algos.dqn_value import (Batch, Config, Transition, bootstrap_value, dqn_loss, epsilon_schedule,
-                             make_trainer, n_step_return, sample_batch, td_loss, write_rows)
+from algos.dqn_value import (Batch, Config, Replay, Transition, bootstrap_value, dqn_loss, epsilon_schedule,
+                             make_trainer, n_step_return, replay_push, sample_batch, td_loss)
 from common import devices, envs, run
 
 
@@ -104,9 +104,9 @@ def test_n_step_return_matches_numpy_loop(seed, n, gamma):
         assert (terminated[:, :-1] & ~truncated[:, :-1]).any() and (truncated[:, :-1] & ~terminated[:, :-1]).any()
     got = jax.jit(functools.partial(n_step_return, gamma=gamma))(rewards, terminated, cut)
     want = np_n_step(rewards, terminated, cut, gamma)
-    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(got[2], want[2])
+    np.testing.assert_allclose(got.returns, want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.discount, want[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got.last, want[2])
 
 
 def test_n_step_return_by_hand():
@@ -231,7 +231,7 @@ T, B, EPOCHS_KEPT, N_STEP, GAMMA = 3, 2, 4, 3, 0.5
 
 
 def logical_series(n_epochs, seed=0):
-    """`[n_epochs * T, B]` steps; obs encode (time, env); next_obs of an episode's last step is its final obs."""
+    """`[n_epochs * T, B]` steps; obs encode (time, env); final_obs of an episode's last step is its final obs."""
     rng = np.random.default_rng(seed)
     steps = n_epochs * T
     t = np.arange(steps)[:, None] * np.ones((1, B))
@@ -239,30 +239,30 @@ def logical_series(n_epochs, seed=0):
     done = rng.random((steps, B)) < 0.25
     terminated = done & (rng.random((steps, B)) < 0.5)
     obs = np.stack([t, b], -1).astype(np.float32)
-    next_obs = np.stack([t + np.where(done, 0.5, 1.0), b], -1).astype(np.float32)  # final obs: t + 0.5
-    return Transition(obs, t.astype(np.int32), rng.normal(size=(steps, B)).astype(np.float32), terminated, done,
-                      next_obs)
+    final_obs = np.stack([t + np.where(done, 0.5, 1.0), b], -1).astype(np.float32)  # after a reset: t + 0.5
+    return Transition(obs=obs, action=t.astype(np.int32), reward=rng.normal(size=(steps, B)).astype(np.float32),
+                      terminated=terminated, done=done, final_obs=final_obs)
 
 
 def test_ring_buffer_keeps_the_last_epochs_and_samples_them():
-    rows = EPOCHS_KEPT * T
+    capacity = EPOCHS_KEPT * T
     series = logical_series(7)
-    replay = jax.tree.map(lambda x: jnp.zeros((rows,) + x.shape[1:], x.dtype), series)
-    write, sample = jax.jit(write_rows), jax.jit(sample_batch, static_argnums=(4, 5, 6))
-    pos, filled, head_windows = 0, 0, 0
+    replay = Replay(data=jax.tree.map(lambda x: jnp.zeros((capacity,) + x.shape[1:], x.dtype), series),
+                    position=jnp.int32(0), filled=jnp.int32(0))
+    push, sample = jax.jit(replay_push), jax.jit(sample_batch, static_argnums=(2, 3, 4))
+    head_windows = 0
     for epoch in range(7):
         rollout = jax.tree.map(lambda x: x[epoch * T:(epoch + 1) * T], series)
-        replay = write(replay, rollout, pos)
-        pos, filled = (pos + T) % rows, min(filled + T, rows)
+        replay = push(replay, rollout)
         newest = (epoch + 1) * T - 1
-        kept = range(max(0, newest + 1 - rows), newest + 1)  # times held: the last EPOCHS_KEPT epochs
-        # every time t sits at row t % rows, with its own index
-        stored = np.asarray(replay.action)
+        kept = range(max(0, newest + 1 - capacity), newest + 1)  # times held: the last EPOCHS_KEPT epochs
+        # every time t sits at row t % capacity, with its own index
+        stored = np.asarray(replay.data.action)
         for t in kept:
-            np.testing.assert_array_equal(stored[t % rows], [t, t])
-        assert pos == (newest + 1) % rows
+            np.testing.assert_array_equal(stored[t % capacity], [t, t])
+        assert replay.position == (newest + 1) % capacity and replay.filled == len(kept)
 
-        batch = host(sample(replay, pos, filled, jax.random.PRNGKey(epoch), 2000, N_STEP, GAMMA))
+        batch = host(sample(replay, jax.random.PRNGKey(epoch), 2000, N_STEP, GAMMA))
         t0, b0 = batch.obs[:, 0].astype(int), batch.obs[:, 1].astype(int)
         assert set(t0) == set(kept)  # uniform over the filled part: every held step is drawn, nothing else
         counts = np.bincount(t0 * B + b0, minlength=(newest + 1) * B)[kept[0] * B:]
@@ -278,7 +278,7 @@ def test_ring_buffer_keeps_the_last_epochs_and_samples_them():
                 weight *= GAMMA
                 if series.done[t, b0[i]] or t == newest or t == t0[i] + N_STEP - 1:
                     break
-            want[:, i] = g, 0.0 if series.terminated[t, b0[i]] else weight, series.next_obs[t, b0[i], 0]
+            want[:, i] = g, 0.0 if series.terminated[t, b0[i]] else weight, series.final_obs[t, b0[i], 0]
         np.testing.assert_allclose(batch.returns, want[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(batch.discount, want[1])
         np.testing.assert_array_equal(batch.boot_obs[:, 0], want[2])  # t + 1, or t + 0.5 for a final obs
@@ -316,21 +316,21 @@ def test_epoch_metrics_replay_collection_and_target_sync():
         assert np.all(np.isfinite(metrics["episode/return"]) == ended)
         np.testing.assert_allclose(metrics["episode/return"][ended], metrics["episode/length"][ended])
         assert np.all(now.step == 4 * epoch) and np.all(now.epoch == epoch)
-        assert np.all(now.replay_pos == (8 * epoch) % 24) and np.all(now.replay_rows == min(8 * epoch, 24))
+        assert np.all(now.replay.position == (8 * epoch) % 24) and np.all(now.replay.filled == min(8 * epoch, 24))
         assert not np.allclose(now.params["head"]["w"], before.params["head"]["w"])  # the update happened
 
         # STORE: the rollout went where the position said; the other rows are kept
-        pos = int(before.replay_pos[0, 0])
-        new = jax.tree.map(lambda x: x[0, :, pos:pos + 8], now.replay)  # [seeds, T, B, ...]
-        assert not np.array_equal(new.obs, before.replay.obs[0, :, pos:pos + 8])
+        pos = int(before.replay.position[0, 0])
+        new = jax.tree.map(lambda x: x[0, :, pos:pos + 8], now.replay.data)  # [seeds, T, B, ...]
+        assert not np.array_equal(new.obs, before.replay.data.obs[0, :, pos:pos + 8])
         keep = [r for r in range(24) if not pos <= r < pos + 8]
-        np.testing.assert_array_equal(now.replay.obs[:, :, keep], before.replay.obs[:, :, keep])
-        # next_obs: the following row's observation, unless the episode ended: then the observation
+        np.testing.assert_array_equal(now.replay.data.obs[:, :, keep], before.replay.data.obs[:, :, keep])
+        # final_obs: the following row's observation, unless the episode ended: then the observation
         # before the reset (past the pole or cart limits if terminated, within them if truncated)
         going, done = ~new.done[:, :-1], new.done[:, :-1]
-        np.testing.assert_array_equal(new.next_obs[:, :-1][going], new.obs[:, 1:][going])
-        assert np.all(np.any(new.next_obs[:, :-1][done] != new.obs[:, 1:][done], axis=-1))
-        fallen = (np.abs(new.next_obs[..., 2]) > 0.2094) | (np.abs(new.next_obs[..., 0]) > 2.4)
+        np.testing.assert_array_equal(new.final_obs[:, :-1][going], new.obs[:, 1:][going])
+        assert np.all(np.any(new.final_obs[:, :-1][done] != new.obs[:, 1:][done], axis=-1))
+        fallen = (np.abs(new.final_obs[..., 2]) > 0.2094) | (np.abs(new.final_obs[..., 0]) > 2.4)
         np.testing.assert_array_equal(fallen, new.terminated)
         ends += new.terminated.sum(), (new.done & ~new.terminated).sum()
 
@@ -376,9 +376,9 @@ def test_seeds_differ_and_repeat():
         a2, _ = c.epoch(a2)
     a, b, a2 = host(a), host(b), host(a2)
     chex.assert_trees_all_equal(a, a2)
-    assert not np.array_equal(a.replay.obs, b.replay.obs)
+    assert not np.array_equal(a.replay.data.obs, b.replay.data.obs)
     assert not np.allclose(a.params["head"]["w"], b.params["head"]["w"])
-    assert not np.array_equal(a.replay.obs[0, 0], a.replay.obs[0, 1])  # the seeds of one run differ too
+    assert not np.array_equal(a.replay.data.obs[0, 0], a.replay.data.obs[0, 1])  # the seeds of one run differ too
 
 
 # ----------------------------------------------------------------------------
@@ -402,13 +402,13 @@ def test_two_devices_two_seeds_resume_with_the_replay(tmp_path):
     part, _ = run.load_checkpoint(run.latest_checkpoint(tmp_path / "part" / "checkpoints"), template)
     assert epoch == 6
     chex.assert_trees_all_equal(state, part)
-    chex.assert_shape(state.replay.obs, (2, 2, 24, 2, 4))  # [devices, seeds, rows, envs per device, obs]
-    assert np.all(state.step == 6 * 4) and np.all(state.replay_rows == 24) and np.all(state.replay_pos == 0)
+    chex.assert_shape(state.replay.data.obs, (2, 2, 24, 2, 4))  # [devices, seeds, capacity, envs per device, obs]
+    assert np.all(state.step == 6 * 4) and np.all(state.replay.filled == 24) and np.all(state.replay.position == 0)
     first, second = (jax.tree.map(lambda x, i=i: x[i], state) for i in range(2))
     chex.assert_trees_all_equal(first.params, second.params)
     chex.assert_trees_all_equal(first.target_params, second.target_params)
     chex.assert_trees_all_equal(first.opt_state, second.opt_state)
-    assert not np.array_equal(first.replay.obs, second.replay.obs)  # each device explores its own envs
+    assert not np.array_equal(first.replay.data.obs, second.replay.data.obs)  # each device explores its own envs
     assert not np.array_equal(first.params["head"]["w"][0], first.params["head"]["w"][1])  # seeds differ
 
 
