@@ -51,7 +51,7 @@ class Config(cli.RunConfig):
     """subtract the mean return of the epoch's rollout (all devices) from every return"""
     hidden: tuple[int, ...] = (64, 64)
     """hidden layer widths"""
-    activation: Literal["tanh", "relu"] = "tanh"
+    activation: nets.Activation = "tanh"
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
@@ -72,27 +72,14 @@ class Config(cli.RunConfig):
 # ----------------------------------------------------------------------------
 # Network: a plain function over a parameter pytree
 # ----------------------------------------------------------------------------
-def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    w = nets.orthogonal(key, (n_in, n_out), scale)
-    return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
-
-
 def init_network(key, obs_dim: int, hidden: tuple, dist) -> dict:
     keys = jax.random.split(key, len(hidden) + 1)
-    sizes = (obs_dim,) + tuple(hidden)
-    return {
-        "torso": [dense_init(k, a, b, np.sqrt(2)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])],
-        "head": dist.head_init(keys[-1], sizes[-1]),
-    }
+    return {"torso": nets.torso_init(keys[:-1], obs_dim, hidden), "head": dist.head_init(keys[-1], hidden[-1])}
 
 
-def network(params: dict, obs: jax.Array, dist, activation: str) -> jax.Array:
+def network(params: dict, obs: jax.Array, dist, activation: nets.Activation) -> jax.Array:
     """One observation -> distribution inputs [n_inputs]."""
-    act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[activation]
-    x = jnp.ravel(obs).astype(jnp.float32)
-    for layer in params["torso"]:
-        x = act(x @ layer["w"] + layer["b"])
-    return dist.policy_head(params["head"], x)
+    return dist.policy_head(params["head"], nets.torso(params["torso"], obs, activation))
 
 
 # ----------------------------------------------------------------------------
@@ -104,30 +91,30 @@ class RunnerState(NamedTuple):
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
     stats: envs.EpisodeStats
+    obs_stats: envs.ObsStats | None  # --normalize-obs: what the network normalizes with; None (no arrays) off
     key: jax.Array  # differs per device
 
 
 class Transition(NamedTuple):
-    obs: jax.Array
+    obs: jax.Array  # s_t, raw
     action: jax.Array
     reward: jax.Array
     done: jax.Array  # terminated or truncated: the return stops
     log_prob: jax.Array  # log pi_old(a_t | s_t)
-    greedy_action: jax.Array  # mode of pi_old(. | s_t), for the preferred_move metric
+    greedy_action: jax.Array  # mode of pi_old(. | s_t), for policy/preferred_move
 
 
 class Rollout(NamedTuple):
     """An epoch before its update: the runner after T steps and what the update trains on."""
 
     runner: RunnerState
-    obs_stats: envs.ObsStats | None  # --normalize-obs: the statistics the network normalizes with
     traj: Transition  # [T, B, ...] as collected (raw observations)
     weights: jax.Array  # [T, B] G_t - b
     return_mean: jax.Array  # [] mean G_t of every device's rollout
 
 
 class Batch(NamedTuple):
-    obs: jax.Array
+    obs: jax.Array  # s_t as the network saw it
     action: jax.Array
     log_prob: jax.Array
     weight: jax.Array  # G_t - b
@@ -182,58 +169,46 @@ def reinforce_loss(params, batch: Batch, dist, activation: str):
 # Training
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
+    layout = devices.layout(config)
+    cli.require(config.batch_size % layout.n_devices == 0 and config.batch_size <= layout.steps_per_epoch,
+                f"--batch-size {config.batch_size}: use a multiple of --n-devices {layout.n_devices} of at most "
+                f"{config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}")
+    envs_per_device, batch_per_device = layout.envs_per_device, config.batch_size // layout.n_devices
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     if dist.discrete and config.std != "param":
         raise cli.ConfigError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
-    n_devices = config.n_devices or jax.local_device_count()
-    if config.num_envs % n_devices:
-        raise cli.ConfigError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
-                              f"use a multiple of {n_devices}")
-    envs_per_device = config.num_envs // n_devices
-    rollout_size = envs_per_device * config.num_steps  # transitions per device and epoch
-    steps_per_epoch = config.num_envs * config.num_steps
-    if config.batch_size % n_devices or config.batch_size > steps_per_epoch:
-        raise cli.ConfigError(f"--batch-size {config.batch_size}: use a multiple of --n-devices {n_devices} of at most "
-                              f"{config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch}")
-    batch_size = config.batch_size // n_devices  # per device
-    num_epochs = config.total_steps // steps_per_epoch
-    if num_epochs < 1:
-        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
-                              f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
     obs_dim = int(np.prod(env.observation_space(env_params).shape))
-    n_updates = num_epochs * config.train_steps
+    n_updates = layout.num_epochs * config.train_steps
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
     clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
     net = jax.vmap(network, (None, 0, None, None))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
 
-    def init(key):
+    def init(key) -> RunnerState:
         param_key, env_key = jax.random.split(key)  # same on every device
         params = init_network(param_key, obs_dim, config.hidden, dist)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        runner = RunnerState(params, tx.init(params), env_state, obs, envs.init_episode_stats(envs_per_device),
-                             run_key)
-        return envs.Normalized(runner, envs.init_obs_stats(obs.shape[1:])) if config.normalize_obs else runner
+        return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,
+                           stats=envs.init_episode_stats(envs_per_device),
+                           obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
+                           key=run_key)
 
-    def rollout(state) -> Rollout:
-        # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs.
-        runner, obs_stats = state if config.normalize_obs else (state, None)
-        norm = lambda obs: envs.normalize_obs(obs_stats, obs)  # noqa: E731  (off: the identity)
-
-        # COLLECT: T steps of B environments under the current policy.
+    def rollout(runner: RunnerState) -> Rollout:
+        # COLLECT: T steps of B environments under the current policy (--normalize-obs: the network sees
+        # observations normalized with the statistics of earlier epochs; off, normalize_obs is the identity).
         def env_step(runner: RunnerState, _):
             key, act_key, step_key = jax.random.split(runner.key, 3)
-            inputs = net(runner.params, norm(runner.obs), dist, config.activation)
+            inputs = net(runner.params, envs.normalize_obs(runner.obs_stats, runner.obs), dist, config.activation)
             action = dist.sample(inputs, act_key)
             obs, env_state, reward, terminated, truncated, _ = step_envs(
                 jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
                 env_params)
             done = jnp.logical_or(terminated, truncated)
-            transition = Transition(runner.obs, action, reward, done, dist.log_prob(inputs, action),
-                                    dist.mode(inputs))
+            transition = Transition(obs=runner.obs, action=action, reward=reward, done=done,
+                                    log_prob=dist.log_prob(inputs, action), greedy_action=dist.mode(inputs))
             stats = envs.update_episode_stats(runner.stats, reward, done)
             return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
 
@@ -243,53 +218,49 @@ def make_trainer(config: Config) -> run.Trainer:
         # TARGETS: returns to the episode's end within the rollout, minus the baseline.
         returns = discounted_returns(traj.reward, traj.done, config.gamma)
         weights, return_mean = returns_weights(returns, config.baseline)
-        return Rollout(runner, obs_stats, traj, weights, return_mean)
+        return Rollout(runner=runner, traj=traj, weights=weights, return_mean=return_mean)
 
-    def epoch(state):
-        runner, obs_stats, traj, weights, return_mean = rollout(state)
-        flat = lambda x: x.reshape((rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
-        obs = envs.normalize_obs(obs_stats, traj.obs)  # what the network saw
-        batch = jax.tree.map(flat, Batch(obs, traj.action, traj.log_prob, weights))
+    def epoch(runner: RunnerState):
+        # COLLECT, TARGETS: `rollout` above.
+        collected = rollout(runner)
+        runner, traj = collected.runner, collected.traj
 
-        # UPDATE: train_steps Adam steps on random batches; gradients averaged over devices.
-        def train_step(carry, key):
-            params, opt_state = carry
-            minibatch = jax.tree.map(lambda x: x[jax.random.permutation(key, rollout_size)[:batch_size]], batch)
-            grads, metrics = jax.grad(reinforce_loss, has_aux=True)(params, minibatch, dist, config.activation)
+        # UPDATE: train_steps Adam steps on random batches of the rollout; gradients averaged over devices.
+        flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+        batch = jax.tree.map(flat, Batch(obs=envs.normalize_obs(runner.obs_stats, traj.obs), action=traj.action,
+                                         log_prob=traj.log_prob, weight=collected.weights))
+
+        def train_step(runner: RunnerState, key):
+            rows = jax.random.permutation(key, layout.rollout_size)[:batch_per_device]
+            minibatch = jax.tree.map(lambda x: x[rows], batch)
+            grads, metrics = jax.grad(reinforce_loss, has_aux=True)(runner.params, minibatch, dist, config.activation)
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
-            updates, opt_state = tx.update(grads, opt_state, params)
+            updates, opt_state = tx.update(grads, runner.opt_state, runner.params)
             metrics["optim/grad_norm"] = optax.tree.norm(grads)
-            return (optax.apply_updates(params, updates), opt_state), metrics
+            return runner._replace(params=optax.apply_updates(runner.params, updates), opt_state=opt_state), metrics
 
         key, step_key = jax.random.split(runner.key)
-        (params, opt_state), losses = jax.lax.scan(
-            train_step, (runner.params, runner.opt_state), jax.random.split(step_key, config.train_steps))
+        runner, losses = jax.lax.scan(train_step, runner, jax.random.split(step_key, config.train_steps))
 
-        # METRICS: scalar means, identical on every device.
+        # METRICS: scalar means, identical on every device. policy/preferred_move: the mean greedy action (the
+        # mode of pi_old) over the rollout, for a discrete policy; for a Box one, the mean of its mean action.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
-        metrics.update({
-            "reinforce/return_mean": return_mean,
-            "policy/preferred_move": jnp.mean(traj.greedy_action),
-        })
+        metrics.update({"reinforce/return_mean": collected.return_mean,
+                        "policy/preferred_move": jnp.mean(traj.greedy_action)})
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        runner = runner._replace(params=params, opt_state=opt_state, key=key)
         if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
-            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, traj.obs)), metrics
-        return runner, metrics
+            runner = runner._replace(obs_stats=envs.update_obs_stats(runner.obs_stats, traj.obs))
+        return runner._replace(key=key), metrics
 
-    def act(params, obs, key):
+    def act(policy: envs.Policy, obs, key):
         del key  # greedy
-        if config.normalize_obs:  # params: (network parameters, observation statistics)
-            params, obs = params[0], envs.normalize_obs(params[1], obs)
-        return dist.clip_action(dist.mode(network(params, obs, dist, config.activation)))
+        inputs = network(policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation)
+        return dist.clip_action(dist.mode(inputs))
 
-    def params(state):  # what act needs
-        return (state.runner.params, state.obs_stats) if config.normalize_obs else state.params
-
-    return run.Trainer(init=init, epoch=epoch, act=act, policy=params, env=env,
-                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       rollout=rollout)
+    return run.Trainer(init=init, epoch=epoch, rollout=rollout, act=act,
+                       policy=lambda s: envs.Policy(params=s.params, obs_stats=s.obs_stats), env=env,
+                       env_params=env_params, steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from gymnax.environments import spaces
 
 from algos import reinforce
 from algos.reinforce import Batch, Config, make_trainer, reinforce_loss
-from common import devices, run
+from common import devices, envs, run
 from common.distributions import make_distribution
 
 
@@ -108,6 +108,19 @@ def test_epoch():
     seed0, seed1 = (jax.tree.map(lambda x, i=i: x[:, i], new_state) for i in range(2))
     assert not np.array_equal(seed0.obs, seed1.obs)
     assert not np.array_equal(seed0.params["torso"][0]["w"], seed1.params["torso"][0]["w"])
+
+
+def test_one_state_type_with_or_without_normalize_obs():
+    """--normalize-obs fills the state's `obs_stats` field; without it the field is None (no arrays, so the
+    program is the one without the field), and `policy(state)` hands `act` the parameters and that field."""
+    states = {}
+    for flag in (False, True):
+        trainer = make_trainer(tiny(normalize_obs=flag))
+        state = states[flag] = jax.eval_shape(devices.compile_init(trainer.init), run_keys(0))
+        assert type(state) is reinforce.RunnerState and (state.obs_stats is None) == (not flag)
+        policy = trainer.policy(state)
+        assert type(policy) is envs.Policy and policy.params is state.params and policy.obs_stats is state.obs_stats
+    assert len(jax.tree.leaves(states[True])) == len(jax.tree.leaves(states[False])) + len(envs.ObsStats._fields)
 
 
 def test_two_device_pendulum_epoch_keeps_devices_in_sync():

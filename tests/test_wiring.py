@@ -251,9 +251,9 @@ def test_reinforce_epoch():
     state = c.state_after_warmup()
     before = first(state)
     rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
-    traj, stats, params = rollout.traj, before.obs_stats, before.runner.params
+    traj, stats, params = rollout.traj, before.obs_stats, before.params
     assert np.abs(stats.var - 1).max() > 0.1
-    terminated, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, before.runner.env_state.time,
+    terminated, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, before.env_state.time,
                                                    traj.obs, traj.action, traj.reward, traj.done)
 
     # G_t: at every episode end, truncated or terminated, G = r (REINFORCE does not bootstrap: SPEC 3.2)
@@ -268,7 +268,8 @@ def test_reinforce_epoch():
     inputs = jax.vmap(reinforce.network, (None, 0, None, None))(params, norm_obs, dist, config.activation)
     log_prob = dist.log_prob(inputs, flat(traj.action))
     np.testing.assert_allclose(flat(traj.log_prob), log_prob, rtol=1e-5, atol=1e-5)
-    batch = reinforce.Batch(norm_obs, flat(traj.action), log_prob, flat(returns - returns.mean()).astype(jnp.float32))
+    batch = reinforce.Batch(obs=norm_obs, action=flat(traj.action), log_prob=log_prob,
+                            weight=flat(returns - returns.mean()).astype(jnp.float32))
     _, want = reinforce.reinforce_loss(params, batch, dist, config.activation)
     metrics = first(metrics)
     for key in ("loss/policy", "policy/entropy", "policy/log_prob_mean"):
