@@ -168,7 +168,7 @@ class RunnerState(NamedTuple):
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
     replay: Replay
-    stats: envs.EpisodeStats
+    episode_stats: envs.EpisodeStats
     epoch: jax.Array  # [] epochs done (drives epsilon)
     step: jax.Array  # [] gradient steps done (drives the target sync)
     key: jax.Array  # differs per device
@@ -305,7 +305,7 @@ def make_trainer(config: Config) -> run.Trainer:
         zero = jnp.int32(0)
         return RunnerState(params=params, target_params=params, opt_state=tx.init(params), env_state=env_state,
                            obs=obs, replay=Replay(data=data, position=zero, filled=zero),
-                           stats=envs.init_episode_stats(envs_per_device), epoch=zero, step=zero, key=run_key)
+                           episode_stats=envs.init_episode_stats(envs_per_device), epoch=zero, step=zero, key=run_key)
 
     def epoch(runner: RunnerState):
         # COLLECT: T epsilon-greedy steps of B environments.
@@ -321,10 +321,10 @@ def make_trainer(config: Config) -> run.Trainer:
             done = jnp.logical_or(terminated, truncated)
             transition = Transition(obs=runner.obs, action=action.astype(jnp.int32), reward=reward.astype(jnp.float32),
                                     terminated=terminated, done=done, final_obs=info["final_observation"])
-            stats = envs.update_episode_stats(runner.stats, reward, done)
-            return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
+            episode_stats = envs.update_episode_stats(runner.episode_stats, reward, done)
+            return runner._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key), transition
 
-        runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
+        runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
 
         # STORE: the rollout overwrites the oldest epoch's rows of the ring buffer.
@@ -360,7 +360,7 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics["replay/size"] = jax.lax.psum(runner.replay.filled * envs_per_device,
                                               devices.DEVICE_AXIS).astype(jnp.float32)
-        metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
+        metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
         return runner._replace(epoch=runner.epoch + 1, key=key), metrics
 
     def act(policy: envs.Policy, obs, key):

@@ -90,7 +90,7 @@ class RunnerState(NamedTuple):
     opt_state: optax.OptState
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
-    stats: envs.EpisodeStats
+    episode_stats: envs.EpisodeStats
     obs_stats: envs.ObsStats | None  # --normalize-obs: what the network normalizes with; None (no arrays) off
     key: jax.Array  # differs per device
 
@@ -192,7 +192,7 @@ def make_trainer(config: Config) -> run.Trainer:
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
         return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,
-                           stats=envs.init_episode_stats(envs_per_device),
+                           episode_stats=envs.init_episode_stats(envs_per_device),
                            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
                            key=run_key)
 
@@ -209,10 +209,10 @@ def make_trainer(config: Config) -> run.Trainer:
             done = jnp.logical_or(terminated, truncated)
             transition = Transition(obs=runner.obs, action=action, reward=reward, done=done,
                                     log_prob=dist.log_prob(inputs, action), greedy_action=dist.mode(inputs))
-            stats = envs.update_episode_stats(runner.stats, reward, done)
-            return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
+            episode_stats = envs.update_episode_stats(runner.episode_stats, reward, done)
+            return runner._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key), transition
 
-        runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
+        runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
 
         # TARGETS: returns to the episode's end within the rollout, minus the baseline.
@@ -248,7 +248,7 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics.update({"reinforce/return_mean": collected.return_mean,
                         "policy/preferred_move": jnp.mean(traj.greedy_action)})
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
-        metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
+        metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
         if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
             runner = runner._replace(obs_stats=envs.update_obs_stats(runner.obs_stats, traj.obs))
         return runner._replace(key=key), metrics
