@@ -120,8 +120,7 @@ def init_network(key, obs_dim: int, hidden: tuple, n_actions: int) -> dict:
 
 def network(params: dict, obs: jax.Array, activation: nets.Activation) -> jax.Array:
     """One observation -> the network's outputs, one per action `[A]` (Q = outputs * scale)."""
-    x = nets.torso(params["body"], obs, activation)
-    return x @ params["head"]["w"] + params["head"]["b"]
+    return nets.torso(params["body"], obs, activation) @ params["head"]["w"] + params["head"]["b"]
 
 
 # ----------------------------------------------------------------------------
@@ -137,8 +136,7 @@ class Transition(NamedTuple):
 
 
 class Replay(NamedTuple):
-    """A ring buffer of `capacity` rows (Config.capacity: each environment's steps of the last
-    n_replay_epochs epochs), each environment's column in time order."""
+    """A ring of Config.capacity rows; each environment's column holds its steps in time order, across epochs."""
 
     data: Transition  # [capacity, B, ...]
     position: jax.Array  # [] the next row to write
@@ -185,11 +183,9 @@ def epsilon_schedule(epoch, eps_start: float, eps_decay: float, eps_min: float):
 def n_step_return(rewards, terminated, cut, gamma: float) -> NStep:
     """n-step discounted rewards of `[N, n]` windows of steps t, t+1, ..., t+n-1.
 
-    The window stops at its first `cut` (an episode end, or the newest stored
-    step) or after n steps; m = its length. The target is
-    `G + discount * Q_target(s'_{t+m-1})`, with s' the observation after that
-    step before any reset, so a truncated episode bootstraps from its final
-    observation and a terminated one not at all.
+    A window stops at its first `cut` (an episode end, or the newest stored step)
+    or after n steps; m = its length. s'_{t+m-1} is the observation before any
+    reset: a truncated episode bootstraps from its final observation, a terminated one not at all.
     """
     chex.assert_rank([rewards, terminated, cut], 2)
     chex.assert_equal_shape([rewards, terminated, cut])

@@ -105,7 +105,8 @@ class Transition(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """An epoch before its update: the runner after T steps and what the update trains on."""
+    """An epoch before its update: the runner after T steps (its obs_stats: what the network saw) and what the
+    update trains on."""
 
     runner: RunnerState
     traj: Transition  # [T, B, ...] as collected (raw observations)
@@ -242,8 +243,8 @@ def make_trainer(config: Config) -> run.Trainer:
         key, step_key = jax.random.split(runner.key)
         runner, losses = jax.lax.scan(train_step, runner, jax.random.split(step_key, config.train_steps))
 
-        # METRICS: scalar means, identical on every device. policy/preferred_move: the mean greedy action (the
-        # mode of pi_old) over the rollout, for a discrete policy; for a Box one, the mean of its mean action.
+        # METRICS: scalar means, identical on every device. policy/preferred_move is the mean greedy action of a
+        # discrete policy: the mean index of its most probable action over the rollout (Box: of its mean action).
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
         metrics.update({"reinforce/return_mean": collected.return_mean,
                         "policy/preferred_move": jnp.mean(traj.greedy_action)})
