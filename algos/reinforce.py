@@ -250,9 +250,8 @@ def make_trainer(config: Config) -> run.Trainer:
                         "policy/preferred_move": jnp.mean(traj.greedy_action)})
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
-        if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
-            runner = runner._replace(obs_stats=envs.update_obs_stats(runner.obs_stats, traj.obs))
-        return runner._replace(key=key), metrics
+        # this epoch's observations, every device's, join the statistics (--normalize-obs off: None stays None)
+        return runner._replace(obs_stats=envs.update_obs_stats(runner.obs_stats, traj.obs), key=key), metrics
 
     def act(policy: envs.Policy, obs, key):
         del key  # greedy
