@@ -49,7 +49,7 @@ class Trainer(NamedTuple):
     `envs.Policy`: the policy's parameters and observation statistics). An `env`
     that observes through a window of past observations (skip_transformer's
     `ContextWindow`) has `observe(window, obs, first) -> window`, `window_shape`
-    and `raw_obs_shape`, so that `load_agent` can keep windows for a caller.
+    and `raw_obs_shape`, so that `checkpoints.load_agent` can keep windows for a caller.
     `rollout(state)`, where a script has it, returns what `epoch(state)` computes before
     its update (the rollout and its targets) from the same code, so that tests can check
     the epoch's wiring; it runs under `devices.compile_epoch` as `epoch` does.

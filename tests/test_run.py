@@ -180,3 +180,20 @@ def test_main_turns_only_a_config_error_into_one_line(tmp_path, error):
         run.launch(config, mistake, "toy")
     with pytest.raises(type(error)):  # a bug keeps its traceback
         run.launch(config, bug, "toy")
+
+
+def test_a_failed_write_of_config_json_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from algos import ppo_joint
+
+    def full_disk(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outputs, "write_atomic", full_disk)  # before anything compiles
+    config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=128, n_devices=1, no_compile_cache=True,
+                              out_dir=str(tmp_path / "run"))
+    with pytest.raises(SystemExit) as info:
+        run.launch(config, ppo_joint.make_trainer, "ppo_joint")
+    assert str(info.value.code) == (f"error: cannot write {tmp_path / 'run' / 'config.json'} (No space left on "
+                                    f"device); no checkpoint was written yet: make room and start again")
