@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -33,7 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from common import cli, devices, envs, run, skipping  # noqa: E402
+from common import checkpoints, cli, devices, envs, outputs, run, skipping, sweep  # noqa: E402
 from common.distributions import make_distribution  # noqa: E402
 from common.metrics import residual_metrics  # noqa: E402
 
@@ -398,18 +396,18 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
     _, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
     n_devices *= jax.process_count()  # the checkpoint holds every host's devices, as run.train splits the run
     init_key, eval_key = jax.random.split(rng)
-    trainer, keys = run.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices, init_key)
+    trainer, keys = sweep.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices, init_key)
     template = jax.eval_shape(devices.compile_init(trainer.init), keys)
-    state, epoch = run.load_checkpoint(run.latest_checkpoint(run_dir / "checkpoints"), template)
-    params, key = trainer.policy(devices.unreplicate(state)), jax.random.fold_in(eval_key, epoch)  # [runs, ...]
+    state, epoch = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), template)
+    policy, key = trainer.policy(devices.unreplicate(state)), jax.random.fold_in(eval_key, epoch)  # [runs, ...]
     dist = make_distribution(trainer.env.action_space(trainer.env_params))
     returns = {}
     for depth in range(1, config.n_layers + 1):
         act = lambda p, obs, key, depth=depth: greedy_action(p, obs, dist, config, depth)  # noqa: E731
         seeds = jax.vmap(lambda p, k: envs.evaluate(trainer.env, trainer.env_params, act, p, k,
                                                     config.eval_episodes))
-        fn = jax.jit(lambda params, key: seeds(params, run.eval_keys(key, config)))
-        returns[str(depth)] = np.asarray(fn.lower(params, key).compile(run.FAST_COMPILE)(params, key))
+        fn = jax.jit(lambda policy, key: seeds(policy, sweep.eval_keys(key, config)))
+        returns[str(depth)] = np.asarray(fn.lower(policy, key).compile(run.FAST_COMPILE)(policy, key))
     return {"eval_return_by_depth": {d: float(r.mean()) for d, r in returns.items()},
             "eval_return_by_depth_per_seed": {d: r.tolist() for d, r in returns.items()}}
 
@@ -426,22 +424,14 @@ def main(argv=None) -> dict:
               f"runs every block; train for at least "
               f"{(unskipped // per_epoch + 1) * config.num_envs * config.num_steps:,} environment steps, or lower "
               f"--skip-warmup-steps", file=sys.stderr)
-    if not config.out_dir and not config.resume:  # run.train's default directory, named here to find it again
-        config = dataclasses.replace(config, out_dir=f"runs/skip_transformer-{config.env}-seed{config.seed}-"
-                                                     f"{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        summary = run.train(config, make_trainer, "skip_transformer")
-    except cli.ConfigError as error:  # configuration that only the environment can reject
-        raise SystemExit(f"error: {error}") from None
-    print(f"eval return {summary['eval_return']:.2f} (greedy, {config.eval_episodes} episodes)", flush=True)
+    run_dir, summary = run.launch(config, make_trainer, "skip_transformer")
     if jax.process_index() != 0:  # several hosts: the chief evaluates the depths (programs of one device)
         return summary
-    run_dir = Path(config.resume or config.out_dir)
     summary.update(evaluate_depths(config, run_dir))
     print("greedy return by depth (blocks run): " + ", ".join(
         f"{d}: {r:.2f}" for d, r in summary["eval_return_by_depth"].items()), flush=True)
     if not config.eval_only and (run_dir / "summary.json").exists():
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        outputs.write_json(run_dir / "summary.json", summary, run_dir)
     return summary
 
 

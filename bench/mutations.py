@@ -110,7 +110,7 @@ MUTATIONS = [
     Mutation("divergence-checks-the-policy-loss-only", "common/run.py",
              'if k.startswith("loss/") and not math.isfinite(v)', 'if k == "loss/policy" and not math.isfinite(v)',
              ("tests/test_promises.py",)),
-    Mutation("sweep-members-seed-major", "common/run.py",
+    Mutation("sweep-members-seed-major", "common/sweep.py",
              "jnp.repeat(jnp.asarray([m[name] for m in members], jnp.float32)",
              "jnp.tile(jnp.asarray([m[name] for m in members], jnp.float32)", ("tests/test_promises.py",)),
 ]

@@ -107,7 +107,7 @@ class ContextWindow:
     `info["final_observation"]` is the window ending with the episode's last
     observation: a truncated episode bootstraps from its own context. `observe`
     is that update, from one observation of the wrapped environment (shape
-    `raw_obs_shape`); `run.load_agent` keeps windows with it for a caller's observations.
+    `raw_obs_shape`); `checkpoints.load_agent` keeps windows with it for a caller's observations.
     """
 
     def __init__(self, env, env_params, context_len: int):

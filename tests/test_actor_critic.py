@@ -371,7 +371,7 @@ def test_cli_two_devices_two_seeds_writes_outputs(tmp_path):
 @pytest.mark.slow
 def test_a2c_learns_cartpole(tmp_path):
     config = Config(seed=0, n_devices=1, eval_every=0, total_steps=200_000, out_dir=str(tmp_path))
-    summary = run.train(config, make_trainer, "actor_critic")
+    summary = run.train(config, make_trainer, "actor_critic").summary
     assert summary["eval_return"] >= 475, summary
 
 
@@ -379,5 +379,5 @@ def test_a2c_learns_cartpole(tmp_path):
 def test_ppo_learns_cartpole(tmp_path):
     config = Config(loss="ppo", seed=0, n_devices=1,
                     eval_every=0, total_steps=200_000, out_dir=str(tmp_path))
-    summary = run.train(config, make_trainer, "actor_critic")
+    summary = run.train(config, make_trainer, "actor_critic").summary
     assert summary["eval_return"] >= 475, summary

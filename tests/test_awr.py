@@ -13,7 +13,7 @@ import pytest
 
 from algos import awr
 from algos.awr import Config, Replay, Transition, aggregate_q, awr_weights, make_trainer, replay_push, td_lambda
-from common import devices, run
+from common import checkpoints, devices, run
 from common.distributions import Categorical, DiagonalGaussian
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -279,7 +279,7 @@ def test_same_seed_same_params_other_seed_differs(tmp_path):
     finals = {}
     for seed, name in ((0, "a"), (0, "b"), (1, "c")):
         run.train(config(seed, name), make_trainer, "awr")
-        with np.load(run.latest_checkpoint(tmp_path / name / "checkpoints")) as data:
+        with np.load(checkpoints.latest(tmp_path / name / "checkpoints")) as data:
             finals[name] = {k: data[k] for k in data.files}
     for k in finals["a"]:
         np.testing.assert_array_equal(finals["a"][k], finals["b"][k], err_msg=k)
@@ -353,7 +353,7 @@ def test_headline_command_through_the_cli(tmp_path):
 @pytest.mark.slow
 def test_learns_cartpole_with_default_flags(tmp_path):
     config = Config(seed=0, n_devices=1, eval_every=0, out_dir=str(tmp_path))
-    summary = run.train(config, make_trainer, "awr")
+    summary = run.train(config, make_trainer, "awr").summary
     assert summary["eval_return"] >= 475, summary
 
 
@@ -366,7 +366,7 @@ def test_headline_command_learns_cartpole_on_every_seed(tmp_path):
     """
     config = Config(q_value=True, n_samples=4, seed=100, num_seeds=16, n_devices=1, eval_every=0,
                     out_dir=str(tmp_path))
-    summary = run.train(config, make_trainer, "awr")
+    summary = run.train(config, make_trainer, "awr").summary
     assert min(summary["eval_return_per_seed"]) >= 475, summary["eval_return_per_seed"]
 
 
@@ -374,5 +374,5 @@ def test_headline_command_learns_cartpole_on_every_seed(tmp_path):
 def test_learns_pendulum(tmp_path):
     config = Config(env="Pendulum-v1", gamma=0.9, total_steps=200_000, seed=0, n_devices=1, eval_every=0,
                     out_dir=str(tmp_path))
-    summary = run.train(config, make_trainer, "awr")
+    summary = run.train(config, make_trainer, "awr").summary
     assert summary["eval_return"] >= -300, summary

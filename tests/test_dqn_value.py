@@ -24,7 +24,7 @@ import pytest
 from algos import dqn_value
 from algos.dqn_value import (Batch, Config, Replay, Transition, bootstrap_value, dqn_loss, epsilon_schedule,
                              make_trainer, n_step_return, replay_push, sample_batch, td_loss)
-from common import devices, envs, run
+from common import checkpoints, devices, envs, run
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -391,15 +391,15 @@ RUN = dict(TINY, total_steps=4 * 8 * 6, num_seeds=2, n_devices=2, eval_every=3, 
 def test_two_devices_two_seeds_resume_with_the_replay(tmp_path):
     """--num-seeds 2 --n-devices 2: devices keep one network; a resumed run (replay, counters,
     target network in the checkpoint) ends exactly as the uninterrupted one."""
-    whole = run.train(Config(**RUN, out_dir=str(tmp_path / "whole")), make_trainer)
+    whole = run.train(Config(**RUN, out_dir=str(tmp_path / "whole")), make_trainer).summary
     run.train(Config(**RUN, out_dir=str(tmp_path / "part")), make_trainer, max_epochs=2)
     resumed = run.train(Config(**RUN, out_dir=str(tmp_path / "part"), resume=str(tmp_path / "part")),
-                        make_trainer)
+                        make_trainer).summary
     assert whole["epoch"] == resumed["epoch"] == 6 and len(whole["eval_return_per_seed"]) == 2
     assert resumed["eval_return_per_seed"] == whole["eval_return_per_seed"]
     template = jax.eval_shape(devices.compile_init(make_trainer(Config(**RUN)).init), run_keys(3, 2, 2))
-    state, epoch = run.load_checkpoint(run.latest_checkpoint(tmp_path / "whole" / "checkpoints"), template)
-    part, _ = run.load_checkpoint(run.latest_checkpoint(tmp_path / "part" / "checkpoints"), template)
+    state, epoch = checkpoints.load(checkpoints.latest(tmp_path / "whole" / "checkpoints"), template)
+    part, _ = checkpoints.load(checkpoints.latest(tmp_path / "part" / "checkpoints"), template)
     assert epoch == 6
     chex.assert_trees_all_equal(state, part)
     chex.assert_shape(state.replay.data.obs, (2, 2, 24, 2, 4))  # [devices, seeds, capacity, envs per device, obs]
@@ -498,5 +498,5 @@ def test_dqn_learns_cartpole(tmp_path):
     (With the earlier defaults, lr 1e-3 and 100k steps, 3 seeds in 8 reached 475.)"""
     config = Config(env="CartPole-v1", seed=0, num_seeds=4, n_devices=1, eval_every=0, checkpoint_every=10_000,
                     out_dir=str(tmp_path))
-    summary = run.train(config, make_trainer, "dqn_value")
+    summary = run.train(config, make_trainer, "dqn_value").summary
     assert min(summary["eval_return_per_seed"]) >= 400 and summary["eval_return"] >= 475, summary

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from algos import ppo_joint
-from common import cli, devices, run
+from common import checkpoints, cli, devices, run, sweep
 
 TINY = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, total_steps=4 * 16 * 3, eval_every=0,
             eval_episodes=4, n_devices=1, no_compile_cache=True)
@@ -17,7 +17,7 @@ def test_members_are_the_grid_in_order():
     config = cli.parse_config(ppo_joint.Config, ["--sweep", "lr=1e-3,3e-4", "ent-coef=0,0.01", "--num-seeds", "3"])
     assert cli.sweep_members(config) == [{"lr": 1e-3, "ent_coef": 0.0}, {"lr": 1e-3, "ent_coef": 0.01},
                                          {"lr": 3e-4, "ent_coef": 0.0}, {"lr": 3e-4, "ent_coef": 0.01}]
-    assert run.n_runs(config) == 12 and run.n_runs(ppo_joint.Config(num_seeds=3)) == 3
+    assert sweep.n_runs(config) == 12 and sweep.n_runs(ppo_joint.Config(num_seeds=3)) == 3
     assert cli.sweep_members(ppo_joint.Config()) == [{}]
 
 
@@ -35,20 +35,20 @@ def test_bad_sweeps_are_rejected_before_compiling(capsys, sweep, message):
 
 
 def final_params(out_dir, config):
-    trainer, keys = run.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
+    trainer, keys = sweep.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
     template = jax.eval_shape(devices.compile_init(trainer.init), keys)
-    state, _ = run.load_checkpoint(run.latest_checkpoint(out_dir / "checkpoints"), template)
+    state, _ = checkpoints.load(checkpoints.latest(out_dir / "checkpoints"), template)
     return trainer.policy(devices.unreplicate(state))  # [runs, ...]
 
 
 def test_each_member_trains_as_its_own_run(tmp_path):
     """Members x seeds in one program end where separate runs of each value end (same keys)."""
     swept = ppo_joint.Config(**TINY, num_seeds=2, sweep=("lr=0.01,0.001",), out_dir=str(tmp_path / "swept"))
-    summary = run.train(swept, ppo_joint.make_trainer, "ppo_joint")
+    summary = run.train(swept, ppo_joint.make_trainer, "ppo_joint").summary
     together = final_params(tmp_path / "swept", swept)
     for m, lr in enumerate([0.01, 0.001]):
         alone_config = dataclasses.replace(swept, sweep=(), lr=lr, out_dir=str(tmp_path / f"lr{lr}"))
-        alone_summary = run.train(alone_config, ppo_joint.make_trainer, "ppo_joint")
+        alone_summary = run.train(alone_config, ppo_joint.make_trainer, "ppo_joint").summary
         alone = final_params(tmp_path / f"lr{lr}", alone_config)
         for s in range(2):
             chex_close(jax.tree.map(lambda x, i=2 * m + s: x[i], together), jax.tree.map(lambda x, i=s: x[i], alone))
@@ -70,7 +70,7 @@ def test_every_script_sweeps_in_one_program(name, flag):
     module = importlib.import_module(f"algos.{name}")
     value = getattr(module.Config(), flag)
     config = module.Config(n_devices=1, num_seeds=2, sweep=(f"{flag}={value},{value / 2}",))
-    trainer, keys = run.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
+    trainer, keys = sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
     init = devices.compile_init(trainer.init).lower(keys)
     state, metrics = jax.eval_shape(devices.compile_epoch(trainer.epoch, 1), init.out_info)
     assert jax.tree.leaves(metrics)[0].shape[:2] == (1, 4)  # [devices, members x seeds]
@@ -78,6 +78,6 @@ def test_every_script_sweeps_in_one_program(name, flag):
 
 def test_a_flag_used_outside_the_compiled_math_is_a_clear_error(tmp_path):
     config = ppo_joint.Config(**TINY, sweep=("max_grad_norm=0,0.5",), out_dir=str(tmp_path))
-    with pytest.raises(SystemExit, match="uses max_grad_norm outside the compiled math .* cannot be swept in one"):
+    with pytest.raises(cli.ConfigError, match="uses max_grad_norm outside the compiled math .* cannot be swept in one"):
         run.train(config, ppo_joint.make_trainer, "ppo_joint")
     assert not tmp_path.joinpath("config.json").exists()

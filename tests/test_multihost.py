@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from common import cli, devices, run
+from common import checkpoints, cli, devices
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "ppo_joint.py"
@@ -81,7 +81,7 @@ def test_two_processes_train_one_run(tmp_path):
     config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=128, n_devices=2)
     trainer = ppo_joint.make_trainer(config)
     template = jax.eval_shape(devices.compile_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 1, 2))
-    state, epoch = run.load_checkpoint(run.latest_checkpoint(tmp_path / "run0" / "checkpoints"), template)
+    state, epoch = checkpoints.load(checkpoints.latest(tmp_path / "run0" / "checkpoints"), template)
     assert epoch == trainer.num_epochs == 2
     for tree in (state.params, state.opt_state):
         for leaf in jax.tree.leaves(tree):

@@ -17,7 +17,7 @@ import pytest
 
 from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
-from common import cli, devices, envs, run
+from common import checkpoints, cli, devices, envs, run
 
 
 
@@ -244,17 +244,18 @@ RUN = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, total_s
 
 def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
     make = ppo_joint.make_trainer
-    whole = run.train(ppo_joint.Config(**RUN, out_dir=str(tmp_path / "whole")), make)
-    part = run.train(ppo_joint.Config(**RUN, out_dir=str(tmp_path / "part")), make, max_epochs=2)
+    whole = run.train(ppo_joint.Config(**RUN, out_dir=str(tmp_path / "whole")), make).summary
+    part = run.train(ppo_joint.Config(**RUN, out_dir=str(tmp_path / "part")), make, max_epochs=2).summary
     assert part["epoch"] == 2
-    resumed = run.train(ppo_joint.Config(**RUN, out_dir=str(tmp_path / "part"), resume=str(tmp_path / "part")), make)
+    resumed = run.train(ppo_joint.Config(**RUN, out_dir=str(tmp_path / "part"), resume=str(tmp_path / "part")),
+                        make).summary
     assert resumed["epoch"] == whole["epoch"] == 6 and resumed["eval_return"] == whole["eval_return"]
 
     # the checkpoint holds the statistics: 6 epochs of 64 steps, the same as the uninterrupted run's
     config = ppo_joint.Config(**RUN)
     trainer = make(config)
     template = jax.eval_shape(devices.compile_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
-    states = [run.load_checkpoint(run.latest_checkpoint(tmp_path / d / "checkpoints"), template)[0]
+    states = [checkpoints.load(checkpoints.latest(tmp_path / d / "checkpoints"), template)[0]
               for d in ("whole", "part")]
     chex.assert_trees_all_equal(*states)
     stats = jax.tree.map(lambda x: x[0, 1], states[0].obs_stats)  # device 0, seed 1
@@ -262,7 +263,7 @@ def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
     assert json.loads((tmp_path / "whole" / "config.json").read_text())["normalize_obs"] is True
 
     # load_agent acts with them: the network of seed 1 on the observations normalized by hand
-    act = run.load_agent(tmp_path / "whole", ppo_joint.Config, make, seed=1)
+    act = checkpoints.load_agent(tmp_path / "whole", ppo_joint.Config, make, seed=1)
     net_params = jax.tree.map(lambda x: x[0, 1], states[0].runner.params)
     dist = ppo_joint.make_distribution(trainer.env.action_space(trainer.env_params))
     obs = some_observations("ppo_joint", stats)

@@ -56,7 +56,7 @@ def test_a_real_run_of_two_seeds_is_drawn_with_its_spread(tmp_path):
 
     config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=4 * 16 * 8, num_seeds=2, eval_every=4,
                               eval_episodes=2, out_dir=str(tmp_path / "run"))
-    summary = run.train(config, ppo_joint.make_trainer, "ppo_joint")
+    summary = run.train(config, ppo_joint.make_trainer, "ppo_joint").summary
     steps, values = plot.load_curve(tmp_path / "run", "eval/return")
     np.testing.assert_array_equal(steps, [256, 512])
     np.testing.assert_allclose(values[-1], summary["eval_return_per_seed"])

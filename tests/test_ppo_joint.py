@@ -23,7 +23,7 @@ from gymnax.environments import spaces
 
 from algos import ppo_joint
 from algos.ppo_joint import Batch, Config, gae, make_trainer, ppo_loss
-from common import devices, run
+from common import checkpoints, cli, devices, run
 from common.distributions import make_distribution
 
 
@@ -422,65 +422,65 @@ def init_state():
 def test_checkpoint_round_trip(tmp_path, init_state):
     c, state = init_state
     template = jax.eval_shape(c.init, run_keys(0))
-    path = run.save_checkpoint(tmp_path, state, 3)
+    path = checkpoints.save(tmp_path, state, 3)
     assert path == tmp_path / "epoch_000003.npz"
-    loaded, epoch = run.load_checkpoint(path, template)
+    loaded, epoch = checkpoints.load(path, template)
     assert epoch == 3
     assert jax.tree.structure(loaded) == jax.tree.structure(state)
     chex.assert_trees_all_equal(loaded, host(state))
     chex.assert_trees_all_equal_shapes_and_dtypes(loaded, host(state))
     # the newest `keep` stay; nothing temporary is left behind
-    run.save_checkpoint(tmp_path, state, 5, keep=2)
-    run.save_checkpoint(tmp_path, state, 6, keep=2)
+    checkpoints.save(tmp_path, state, 5, keep=2)
+    checkpoints.save(tmp_path, state, 6, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000005.npz", "epoch_000006.npz"]
-    run.save_checkpoint(tmp_path, state, 7, keep=1)
+    checkpoints.save(tmp_path, state, 7, keep=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000007.npz"]
-    assert run.latest_checkpoint(tmp_path) == tmp_path / "epoch_000007.npz"
+    assert checkpoints.latest(tmp_path) == tmp_path / "epoch_000007.npz"
     with np.load(tmp_path / "epoch_000007.npz", allow_pickle=False) as data:  # plain arrays, no pickle
         assert json.loads(bytes(data["meta"]).decode())["epoch"] == 7
 
 
 def test_checkpoint_mismatched_template(tmp_path, init_state):
     c, state = init_state
-    path = run.save_checkpoint(tmp_path, state, 1)
+    path = checkpoints.save(tmp_path, state, 1)
     wider = make_trainer(tiny(hidden=(64, 32)))
     template = jax.eval_shape(devices.compile_init(wider.init), run_keys(0))
     with pytest.raises(ValueError, match=r"leaf \d+ is .* expects") as info:
-        run.load_checkpoint(path, template)
+        checkpoints.load(path, template)
     assert str(path) in str(info.value) and "--out-dir" in str(info.value)
     other = make_trainer(tiny(env="Pendulum-v1"))
     template = jax.eval_shape(devices.compile_init(other.init), run_keys(0))
     with pytest.raises(ValueError, match="different state structure"):
-        run.load_checkpoint(path, template)
+        checkpoints.load(path, template)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
 def test_corrupt_checkpoint_raises(tmp_path, init_state, damage):
     c, state = init_state
-    path = run.save_checkpoint(tmp_path, state, 1)
+    path = checkpoints.save(tmp_path, state, 1)
     data = path.read_bytes()
     path.write_bytes({"garbage": b"not a checkpoint" * 100, "truncated": data[: len(data) // 2],
                       "empty": b""}[damage])
     with pytest.raises(ValueError, match="corrupt") as info:
-        run.load_checkpoint(path, jax.eval_shape(c.init, run_keys(0)))
+        checkpoints.load(path, jax.eval_shape(c.init, run_keys(0)))
     assert str(path) in str(info.value)
 
 
 def test_checkpoint_write_is_atomic(tmp_path, init_state, monkeypatch):
     c, state = init_state
-    good = run.save_checkpoint(tmp_path, state, 1)
+    good = checkpoints.save(tmp_path, state, 1)
 
     def fail(fd):
         raise OSError("disk full")
 
-    monkeypatch.setattr(run.os, "fsync", fail)  # the write dies before the rename
+    monkeypatch.setattr(checkpoints.os, "fsync", fail)  # the write dies before the rename
     with pytest.raises(OSError):
-        run.save_checkpoint(tmp_path, state, 2)
+        checkpoints.save(tmp_path, state, 2)
     monkeypatch.undo()
     assert not (tmp_path / "epoch_000002.npz").exists()
     assert not list(tmp_path.glob(".tmp_*"))  # no half-written file left behind
-    assert run.latest_checkpoint(tmp_path) == good
-    loaded, epoch = run.load_checkpoint(good, jax.eval_shape(c.init, run_keys(0)))
+    assert checkpoints.latest(tmp_path) == good
+    loaded, epoch = checkpoints.load(good, jax.eval_shape(c.init, run_keys(0)))
     assert epoch == 1
     chex.assert_trees_all_equal(loaded, host(state))
 
@@ -497,7 +497,7 @@ def run_config(out_dir, **overrides) -> Config:
 
 
 def final_arrays(run_dir: Path) -> dict:
-    path = run.latest_checkpoint(run_dir / "checkpoints")
+    path = checkpoints.latest(run_dir / "checkpoints")
     with np.load(path, allow_pickle=False) as data:
         return path.name, {k: data[k] for k in data.files}
 
@@ -509,13 +509,13 @@ def metric_lines(run_dir: Path) -> list:
 @pytest.mark.parametrize("n_devices", [1, pytest.param(0, marks=pytest.mark.slow)])
 def test_resume_gives_the_uninterrupted_run(tmp_path, n_devices, capsys):
     """n_devices 0 means every local device: two here."""
-    whole = run.train(run_config(tmp_path / "whole", n_devices=n_devices), make_trainer)
+    whole = run.train(run_config(tmp_path / "whole", n_devices=n_devices), make_trainer).summary
     assert whole["epoch"] == 6
-    part = run.train(run_config(tmp_path / "part", n_devices=n_devices), make_trainer, max_epochs=2)
+    part = run.train(run_config(tmp_path / "part", n_devices=n_devices), make_trainer, max_epochs=2).summary
     assert part["epoch"] == 2
-    assert run.latest_checkpoint(tmp_path / "part" / "checkpoints").name == "epoch_000002.npz"
+    assert checkpoints.latest(tmp_path / "part" / "checkpoints").name == "epoch_000002.npz"
     resumed = run.train(run_config(tmp_path / "part", n_devices=n_devices, resume=str(tmp_path / "part")),
-                        make_trainer)
+                        make_trainer).summary
     assert "resumed" in capsys.readouterr().out
     assert resumed["epoch"] == 6
     name_whole, arrays_whole = final_arrays(tmp_path / "whole")
@@ -536,7 +536,7 @@ def test_divergence_stops_with_last_good_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     run.train(run_config(run_dir, n_devices=1, checkpoint_every=1), make_trainer, max_epochs=2)
     good = run_dir / "checkpoints" / "epoch_000002.npz"
-    assert run.latest_checkpoint(run_dir / "checkpoints") == good
+    assert checkpoints.latest(run_dir / "checkpoints") == good
     # an absurd learning rate from here on: the first Adam step throws the parameters to ~1e30
     absurd = run_config(run_dir, n_devices=1, checkpoint_every=1, lr=1e30, resume=str(run_dir))
     with pytest.raises(SystemExit) as info:
@@ -544,10 +544,10 @@ def test_divergence_stops_with_last_good_checkpoint(tmp_path):
     message = str(info.value.code)
     assert "loss/joint" in message and "epoch 3" in message and "diverged" in message
     assert f"Last good checkpoint: {good}" in message
-    assert run.latest_checkpoint(run_dir / "checkpoints") == good  # the diverged state was not saved
+    assert checkpoints.latest(run_dir / "checkpoints") == good  # the diverged state was not saved
     template = jax.eval_shape(devices.compile_init(make_trainer(absurd).init),
                               run_keys(3))
-    state, epoch = run.load_checkpoint(good, template)
+    state, epoch = checkpoints.load(good, template)
     assert epoch == 2
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state.params))
     # from scratch, divergence in the first epoch: there is no checkpoint to point to
@@ -583,7 +583,7 @@ from algos import ppo_joint
 from common import run
 config = ppo_joint.Config(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, num_seeds=2, n_devices=2,
                           total_steps=128, eval_episodes=2, no_compile_cache=True, out_dir={out!r})
-print("epochs", run.train(config, ppo_joint.make_trainer)["epoch"])
+print("epochs", run.train(config, ppo_joint.make_trainer).summary["epoch"])
 """
 
 
@@ -645,15 +645,15 @@ def test_bad_input_fails_before_anything_is_written(tmp_path):
 
 def test_resume_without_checkpoint_exits(tmp_path):
     (tmp_path / "run").mkdir()
-    with pytest.raises(SystemExit, match="no checkpoint"):
+    with pytest.raises(cli.ConfigError, match="no checkpoint"):
         run.train(run_config(tmp_path / "run", n_devices=1, resume=str(tmp_path / "run")), make_trainer)
 
 
 def test_resume_with_other_flags_exits_with_the_fix(tmp_path, init_state):
     c, state = init_state  # hidden (64, 64), 2 seeds: not what the run below builds
     run_dir = tmp_path / "run"
-    run.save_checkpoint(run_dir / "checkpoints", state, 1)
-    with pytest.raises(SystemExit, match="--out-dir"):
+    checkpoints.save(run_dir / "checkpoints", state, 1)
+    with pytest.raises(cli.ConfigError, match="--out-dir"):
         run.train(run_config(run_dir, n_devices=1, hidden=(16,), resume=str(run_dir)), make_trainer)
 
 

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from common import devices, run
+from common import checkpoints, devices, run, sweep
 
 SCRIPTS = ["ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer"]
 TINY = {"ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2),
@@ -58,7 +58,7 @@ def test_a_non_finite_value_loss_stops_the_run_in_its_epoch(tmp_path, name, over
     message = str(info.value.code)
     assert re.match(r"loss/value is (nan|inf) at epoch 1: training diverged", message), message
     assert "No checkpoint was saved" in message
-    assert run.latest_checkpoint(tmp_path / "run" / "checkpoints") is None
+    assert checkpoints.latest(tmp_path / "run" / "checkpoints") is None
 
 
 # ----------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def uninterrupted(tmp_path_factory):
         if name not in runs:
             runs[name] = tmp_path_factory.mktemp(f"{name}_whole") / "run"
             module, cfg = resume_config(name, runs[name])
-            assert run.train(cfg, module.make_trainer, name)["epoch"] == EPOCHS
+            assert run.train(cfg, module.make_trainer, name).summary["epoch"] == EPOCHS
         return runs[name]
 
     return run_dir
@@ -89,7 +89,7 @@ def uninterrupted(tmp_path_factory):
 
 def assert_same_run(whole: Path, resumed: Path):
     """The newest checkpoints hold the same arrays, bit for bit; the metrics files the same epochs and numbers."""
-    a, b = run.latest_checkpoint(whole / "checkpoints"), run.latest_checkpoint(resumed / "checkpoints")
+    a, b = checkpoints.latest(whole / "checkpoints"), checkpoints.latest(resumed / "checkpoints")
     assert a.name == b.name == f"epoch_{EPOCHS:06d}.npz"
     with np.load(a, allow_pickle=False) as x, np.load(b, allow_pickle=False) as y:
         assert x.files == y.files
@@ -109,8 +109,8 @@ def test_resume_after_ctrl_c_ends_as_the_uninterrupted_run(tmp_path, uninterrupt
     where the uninterrupted run ends: awr's replay ring, skip_transformer's depth key and gradient step count,
     every optimiser and environment state and key travel in the checkpoint."""
     module, cfg = resume_config(name, tmp_path / "run")
-    assert run.train(cfg, module.make_trainer, name, max_epochs=CHECKPOINT_EVERY + 1)["epoch"] == 3
-    assert run.latest_checkpoint(tmp_path / "run" / "checkpoints").name == "epoch_000003.npz"
+    assert run.train(cfg, module.make_trainer, name, max_epochs=CHECKPOINT_EVERY + 1).summary["epoch"] == 3
+    assert checkpoints.latest(tmp_path / "run" / "checkpoints").name == "epoch_000003.npz"
     run.train(dataclasses.replace(cfg, resume=str(tmp_path / "run")), module.make_trainer, name)
     assert_same_run(uninterrupted(name), tmp_path / "run")
 
@@ -121,10 +121,10 @@ sys.path.insert(0, {root!r})
 import jax
 for name, value in {cache!r}.items():
     jax.config.update(name, value)
-from common import run
+from common import outputs, run
 from algos import {name} as module
 
-log = run.Logger.log
+log = outputs.Logger.log
 
 
 def log_then_hang(self, record, force_print=False):  # the parent kills this process here
@@ -134,7 +134,7 @@ def log_then_hang(self, record, force_print=False):  # the parent kills this pro
         time.sleep(600)
 
 
-run.Logger.log = log_then_hang
+outputs.Logger.log = log_then_hang
 run.train(module.Config(**{config!r}), module.make_trainer, {name!r})
 """
 
@@ -165,7 +165,7 @@ def test_resume_after_kill_9_ends_as_the_uninterrupted_run(tmp_path, uninterrupt
     finally:
         timer.cancel()
         child.kill()
-    assert run.latest_checkpoint(tmp_path / "run" / "checkpoints").name == f"epoch_{CHECKPOINT_EVERY:06d}.npz"
+    assert checkpoints.latest(tmp_path / "run" / "checkpoints").name == f"epoch_{CHECKPOINT_EVERY:06d}.npz"
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == CHECKPOINT_EVERY + 1
     run.train(dataclasses.replace(cfg, resume=str(tmp_path / "run")), module.make_trainer, name)
     assert_same_run(uninterrupted(name), tmp_path / "run")
@@ -183,16 +183,16 @@ def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path):
     cfg = ppo_joint.Config(env="Pendulum-v1", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2,
                            total_steps=128, num_seeds=2, sweep=("lr=0.01,0.001",), **RUN, out_dir=str(tmp_path))
     run.train(cfg, ppo_joint.make_trainer, "ppo_joint")
-    trainer, keys = run.build(cfg, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
-    (inner, values), _ = run.load_checkpoint(run.latest_checkpoint(tmp_path / "checkpoints"),
+    trainer, keys = sweep.build(cfg, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
+    (inner, values), _ = checkpoints.load(checkpoints.latest(tmp_path / "checkpoints"),
                                              jax.eval_shape(devices.compile_init(trainer.init), keys))
     np.testing.assert_array_equal(values["lr"][0], np.float32([0.01, 0.01, 0.001, 0.001]))
     obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
-    every = np.asarray(run.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer)(obs))
+    every = np.asarray(checkpoints.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer)(obs))
     assert every.shape == (4, 5, 1) and every.dtype == np.float32
     assert np.all(np.abs(every) <= 2.0)  # Pendulum's torque bound
     for i in range(4):
-        act = run.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer, seed=i)
+        act = checkpoints.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer, seed=i)
         params = jax.tree.map(lambda x, i=i: x[0, i], inner.params)  # device 0, entry i
         want = np.stack([np.asarray(trainer.act(params, o, None)) for o in obs])
         np.testing.assert_allclose(act(obs), want, rtol=1e-6, atol=1e-6)
@@ -219,7 +219,7 @@ def test_a_swept_member_trains_as_the_run_with_its_value(name):
     alone = dataclasses.replace(cfg, **{flag: value})
 
     def train(cfg):  # the run's parameters after 2 epochs, [runs, ...]
-        trainer, keys = run.build(cfg, module.make_trainer, 1, jax.random.PRNGKey(0))
+        trainer, keys = sweep.build(cfg, module.make_trainer, 1, jax.random.PRNGKey(0))
         quick = lambda fn, *args: fn.lower(*args).compile(run.FAST_COMPILE)  # noqa: E731
         state = quick(devices.compile_init(trainer.init), keys)(keys)
         epoch = quick(devices.compile_epoch(trainer.epoch, 1, donate=False), state)

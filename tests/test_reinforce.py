@@ -199,5 +199,5 @@ def test_cli_writes_outputs(tmp_path):
 @pytest.mark.slow
 def test_reinforce_with_baseline_learns_cartpole(tmp_path):
     config = Config(baseline=True, seed=0, n_devices=1, eval_every=0, total_steps=300_000, out_dir=str(tmp_path))
-    summary = run.train(config, make_trainer, "reinforce")
+    summary = run.train(config, make_trainer, "reinforce").summary
     assert summary["eval_return"] >= 400, summary

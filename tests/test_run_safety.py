@@ -72,8 +72,8 @@ HOLD = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from common import cli, run
-lock = run.open_run_dir(Path({run_dir!r}), cli.RunConfig(out_dir={run_dir!r}))  # as a run holds it, all its life
+from common import cli, outputs
+lock = outputs.open_run_dir(Path({run_dir!r}), cli.RunConfig(out_dir={run_dir!r}))  # as a run holds it, all its life
 print("holding", flush=True)
 time.sleep(600)
 """
@@ -121,7 +121,7 @@ def nan_params_after_epoch(config, epoch_number):
 
 def test_a_non_finite_state_is_not_saved_and_the_run_fails(tmp_path):
     from algos import ppo_joint
-    from common import run
+    from common import checkpoints, run
 
     config = ppo_joint.Config(**RUN, out_dir=str(tmp_path / "run"))
     with pytest.raises(SystemExit) as info:  # the last epoch ends with NaN parameters, its loss finite
@@ -129,7 +129,7 @@ def test_a_non_finite_state_is_not_saved_and_the_run_fails(tmp_path):
     message = str(info.value.code)
     assert "state at epoch 3 is not finite" in message and "params" in message and "not saved" in message
     ckpts = tmp_path / "run" / "checkpoints"
-    assert run.latest_checkpoint(ckpts).name == "epoch_000002.npz"
+    assert checkpoints.latest(ckpts).name == "epoch_000002.npz"
     for path in ckpts.glob("epoch_*.npz"):  # what is kept is finite
         with np.load(path) as data:
             assert all(np.isfinite(data[k]).all() for k in data.files if data[k].dtype.kind == "f"), path
@@ -159,7 +159,7 @@ def test_a_full_disk_stops_with_one_line_and_resume_drops_the_torn_line(tmp_path
     import errno
 
     from algos import ppo_joint
-    from common import run
+    from common import checkpoints, outputs, run
 
     run_dir = tmp_path / "run"
     config = ppo_joint.Config(**RUN, out_dir=str(run_dir))
@@ -175,7 +175,7 @@ def test_a_full_disk_stops_with_one_line_and_resume_drops_the_torn_line(tmp_path
             raise full
         return fh
 
-    monkeypatch.setattr(run, "open", torn_write, raising=False)
+    monkeypatch.setattr(outputs, "open", torn_write, raising=False)
     with pytest.raises(SystemExit) as info:
         run.train(resume, ppo_joint.make_trainer)
     monkeypatch.undo()
@@ -186,7 +186,7 @@ def test_a_full_disk_stops_with_one_line_and_resume_drops_the_torn_line(tmp_path
     def no_space(fd):
         raise full
 
-    monkeypatch.setattr(run.os, "fsync", no_space)  # the disk is full when the checkpoint of epoch 2 is written
+    monkeypatch.setattr(checkpoints.os, "fsync", no_space)  # the disk is full when the checkpoint of epoch 2 is written
     with pytest.raises(SystemExit, match=f"cannot write .*epoch_000002.npz \\(No space left on device\\); {intact}"):
         run.train(resume, ppo_joint.make_trainer)
     monkeypatch.undo()
@@ -200,7 +200,7 @@ def test_a_full_disk_stops_with_one_line_and_resume_drops_the_torn_line(tmp_path
 # 6. Divergence advice that can be followed: --resume takes the float flags and records the change
 def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, capsys):
     from algos import ppo_joint
-    from common import run
+    from common import cli, run  # this file's cli() runs the script
 
     run_dir = tmp_path / "run"
     run.train(ppo_joint.Config(**RUN, out_dir=str(run_dir)), ppo_joint.make_trainer, max_epochs=1)
@@ -210,7 +210,7 @@ def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, capsys)
     advice = f"--resume {run_dir} --lr 1e+29"
     assert "diverged" in str(info.value.code) and advice in str(info.value.code)
     out = run.train(cli.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--n-devices", "1",
-                                                        "--lr", "0.0025"]), ppo_joint.make_trainer)
+                                                        "--lr", "0.0025"]), ppo_joint.make_trainer).summary
     assert out["epoch"] == 3
     printed = capsys.readouterr().out
     assert "--resume changes --lr 0.0025 -> 1e+30 from epoch 1" in printed
@@ -331,3 +331,20 @@ def test_an_unknown_env_is_matched_against_the_scripts_own_environments():
         skip_transformer.make_trainer(skip_transformer.Config(env="CartPoleNoVel-v2", n_devices=1))
     message = str(info.value)
     assert "Did you mean CartPoleNoVel-v1" in message and message.endswith(", CartPoleNoVel-v1")
+
+
+# 10. A checkpoint of an older layout of the script's state (e.g. `--normalize-obs` once saved the statistics
+# beside the runner state, not in it): --resume says so in one line
+def test_a_checkpoint_of_an_older_state_layout_is_one_line_on_resume(cache, tmp_path):
+    from common import checkpoints
+
+    run_dir = tmp_path / "run"
+    assert cli(cache, *TINY, "--out-dir", run_dir).returncode == 0
+    newest = checkpoints.latest(run_dir / "checkpoints")
+    with np.load(newest) as data:  # the same arrays, wrapped with statistics as the older layout held them
+        runner = [data[name] for name in sorted(data.files) if name.startswith("leaf_")]
+    checkpoints.save(newest.parent, (runner, {"mean": np.zeros(4), "var": np.ones(4)}), epoch=10)
+    out = cli(cache, "--resume", run_dir)
+    refused(out, f"error: --resume {run_dir}: checkpoint {newest} holds a different state structure",
+            "an older layout of this script's state", "start a new run", "use the commit that wrote it")
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr

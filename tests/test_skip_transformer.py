@@ -22,7 +22,7 @@ from gymnax.environments import spaces
 
 from algos import skip_transformer as st
 from algos.skip_transformer import Batch, Config, make_trainer
-from common import cli, devices, run, skipping
+from common import checkpoints, cli, devices, run, skipping
 from common.distributions import make_distribution
 
 
@@ -393,15 +393,15 @@ def test_transformer_beats_a_memoryless_policy(tmp_path):
     Measured: seed 0 reaches 499, the memory-less net 43 (seeds 1-3 of the Transformer: 421, 250, 203).
     """
     common = dict(seed=0, n_devices=1, eval_every=0)
-    transformer = run.train(Config(**common, out_dir=str(tmp_path / "t")), make_trainer, "skip_transformer")
+    transformer = run.train(Config(**common, out_dir=str(tmp_path / "t")), make_trainer, "skip_transformer").summary
     memoryless = run.train(Config(**common, context_len=1, out_dir=str(tmp_path / "m")), make_trainer,
-                           "skip_transformer")
+                           "skip_transformer").summary
     assert memoryless["eval_return"] <= 60, memoryless
     assert transformer["eval_return"] >= 300, transformer
 
 
 # ----------------------------------------------------------------------------
-# A saved agent: run.load_agent keeps each environment's window
+# A saved agent: checkpoints.load_agent keeps each environment's window
 # ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
@@ -419,11 +419,11 @@ def test_load_agent_keeps_each_environments_window_as_training_does(saved_run):
     config = cli.load_config(Config, saved_run)
     trainer = make_trainer(config)
     template = jax.eval_shape(devices.compile_init(trainer.init), run_keys(0))
-    state, _ = run.load_checkpoint(run.latest_checkpoint(saved_run / "checkpoints"), template)
+    state, _ = checkpoints.load(checkpoints.latest(saved_run / "checkpoints"), template)
     params = trainer.policy(devices.unreplicate(state))  # [seeds, ...]
     env, env_params = trainer.env, trainer.env_params.replace(max_steps_in_episode=12)  # truncations too
     n = 3
-    load = functools.partial(run.load_agent, saved_run, Config, make_trainer)
+    load = functools.partial(checkpoints.load_agent, saved_run, Config, make_trainer)
     every_seed, each_seed, one_env = load(), [load(seed=s) for s in range(NUM_SEEDS)], load(seed=1)
     never_cleared = load(seed=0)  # told of no episode start
     policy = jax.jit(jax.vmap(jax.vmap(trainer.act, (None, 0, None)), (0, None, None)))  # [seeds, N]

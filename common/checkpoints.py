@@ -1,0 +1,217 @@
+"""Checkpoints: the whole runner state in `checkpoints/epoch_NNNNNN.npz`, and a saved run's greedy policy.
+
+A checkpoint holds every leaf of the state (params, optimiser, environments,
+keys, observation statistics) as a NumPy array `leaf_NNNNN`, and `meta`: the
+epoch, the state's tree structure and each leaf's shape and dtype. It is
+written to a temporary file and renamed (a crash leaves the last good one), no
+pickle; `run.train` saves a finite state only. `load` checks the file against
+the state the script builds now, leaf by leaf, so a checkpoint of other flags,
+of another script or of an older layout of this script's state is refused
+with a message, before anything compiles.
+
+    act = checkpoints.load_agent("runs/awr-...", awr.Config, awr.make_trainer)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from common import cli, devices, sweep
+
+
+def save(directory: Path, state, epoch: int, keep: int = cli.RunConfig.keep_checkpoints) -> Path:
+    """Writes the whole state atomically (temporary file, then rename); keeps the newest `keep`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    leaves, treedef = jax.tree.flatten(jax.device_get(state))
+    meta = {"epoch": epoch, "treedef": str(treedef),
+            "leaves": [[list(np.shape(x)), str(np.asarray(x).dtype)] for x in leaves]}
+    arrays = {f"leaf_{i:05d}": np.asarray(x) for i, x in enumerate(leaves)}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    path = directory / f"epoch_{epoch:06d}.npz"
+    tmp = directory / f".tmp_{epoch:06d}.npz"
+    try:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # the last good checkpoint stays; no half-written file is left
+        tmp.unlink(missing_ok=True)
+        raise
+    for old in sorted(directory.glob("epoch_*.npz"))[:-keep]:
+        old.unlink()
+    return path
+
+
+def non_finite(state) -> list[str]:
+    """The paths of the state's floating-point leaves holding a NaN or an infinity."""
+    return [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(state)
+            if np.issubdtype(np.asarray(x).dtype, np.inexact) and not np.isfinite(x).all()]
+
+
+def divergence_advice(config, saved: Path | None, run_dir: Path) -> str:
+    """What to do after a divergence: --resume with a lower learning rate, or without a checkpoint a new run."""
+    lower = " ".join(f"{cli.flag_name(k)} {getattr(config, k) / 10:.3g}" for k in cli.float_flags(type(config))
+                     if "lr" in k.split("_"))
+    if saved is None:
+        return f"No checkpoint was saved: start a new run with a lower learning rate ({lower}) or a --max-grad-norm."
+    return (f"Last good checkpoint: {saved}. Continue from it with a lower learning rate: --resume {run_dir} {lower} "
+            f"(--resume takes the float flags: {', '.join(map(cli.flag_name, cli.float_flags(type(config))))}, and records "
+            f"the change in {run_dir / 'changes.jsonl'}); or start a new run.")
+
+
+def latest(directory: Path) -> Path | None:
+    """The newest checkpoint in `directory` (None: none)."""
+    found = sorted(directory.glob("epoch_*.npz"))
+    return found[-1] if found else None
+
+
+class Corrupt(cli.ConfigError):
+    """A checkpoint file that cannot be read: cut short, overwritten, not a checkpoint."""
+
+
+def load(path: Path, template):
+    """`(state, epoch)` from `path`, checked leaf by leaf against `template` (shapes/dtypes)."""
+    fix = "resume with the run's own flags (they are read from its config.json) or start a new --out-dir"
+    meta, leaves = _read(path, leaves=True)
+    want, treedef = jax.tree.flatten(template)
+    if len(want) != len(leaves) or str(treedef) != meta["treedef"]:  # e.g. obs_stats beside the state, not in it
+        raise cli.ConfigError(f"checkpoint {path} holds a different state structure than this script builds: it "
+                              f"was written by an older layout of this script's state (or with other flags, or by "
+                              f"another script); start a new run (another --out-dir), or use the commit that wrote it")
+    for i, (w, got) in enumerate(zip(want, leaves)):
+        if tuple(w.shape) != got.shape or np.dtype(w.dtype) != got.dtype:
+            raise cli.ConfigError(f"checkpoint {path}: leaf {i} is {got.shape} {got.dtype}, this run expects "
+                                  f"{tuple(w.shape)} {np.dtype(w.dtype)}; {fix}")
+    return jax.tree.unflatten(treedef, leaves), int(meta["epoch"])
+
+
+def _read(path: Path, leaves: bool):
+    """`(meta, leaves)` of the checkpoint `path` (without `leaves`: `(meta, None)`)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            return meta, [data[f"leaf_{i:05d}"] for i in range(len(meta["leaves"]))] if leaves else None
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as error:
+        raise Corrupt(f"checkpoint {path} is unreadable or corrupt ({error}); delete it to fall back "
+                      f"to an older one, or start a new --out-dir") from None
+
+
+def load_newest(directory: Path, template):
+    """`(state, epoch)` from the newest readable checkpoint in `directory`, saying which ones it skips."""
+    found = sorted(directory.glob("epoch_*.npz"), reverse=True)
+    cli.require(bool(found), f"no checkpoint in {directory}")
+    for path in found:
+        try:
+            return load(path, template)
+        except Corrupt as error:
+            print(f"warning: {error}", file=sys.stderr, flush=True)
+    raise cli.ConfigError(f"every checkpoint in {directory} is unreadable or corrupt; start a new --out-dir")
+
+
+def resume(run_dir: Path, template, hosts: int):
+    """`(epoch, state)` for --resume: the run's newest readable checkpoint, this host's part (`template`'s shapes).
+
+    The checkpoint holds every host's devices: `hosts` times the rows of `template`.
+    """
+    whole = jax.tree.map(lambda s: jax.ShapeDtypeStruct((hosts * s.shape[0],) + s.shape[1:], s.dtype), template)
+    try:
+        state, epoch = load_newest(run_dir / "checkpoints", whole)
+    except cli.ConfigError as error:
+        raise cli.ConfigError(f"--resume {run_dir}: {error}") from None
+    return epoch, devices.this_host(state)
+
+
+# ----------------------------------------------------------------------------
+# A saved run's policy
+# ----------------------------------------------------------------------------
+def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = None) -> Callable:
+    """The greedy policy of a saved run: `act(obs, key=None) -> action`.
+
+    `obs` is one observation or a batch `[N, *obs_shape]`; the action keeps the
+    batch axis. A run of several seeds (`--num-seeds`) gives actions of every seed,
+    `[num_seeds, ...]` (with `--sweep`, member-major: `[members * num_seeds, ...]`),
+    unless `seed` picks one. A policy that reads a window of past observations
+    (skip_transformer) gives a `WindowAgent`, `act(obs, key=None, first=False)`.
+
+        act = checkpoints.load_agent("runs/awr-...", awr.Config, awr.make_trainer)
+    """
+    run_dir = Path(run_dir)
+    config = cli.load_config(config_cls, run_dir)
+    ckpt = latest(run_dir / "checkpoints")
+    cli.require(ckpt is not None, f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
+    n_devices = _read(ckpt, leaves=False)[0]["leaves"][0][0][0]  # the state's leading axis: the run's devices
+    trainer, keys = sweep.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices,
+                                jax.random.PRNGKey(0))
+    state, _ = load(ckpt, jax.eval_shape(devices.compile_init(trainer.init), keys))
+    params = jax.tree.map(lambda x: x[0], trainer.policy(state))  # as held by device 0: [runs, ...]
+    runs = sweep.n_runs(config)
+    if seed is not None or runs == 1:
+        cli.require(0 <= (seed or 0) < runs, f"seed={seed}: the run has {runs} seed(s) (x sweep members)")
+        params = jax.tree.map(lambda x: x[seed or 0], params)
+    windowed = hasattr(trainer.env, "window_shape")  # the env's observations are windows (see Trainer): act reads those
+    obs_ndim = len(trainer.env.window_shape if windowed else trainer.env.observation_space(trainer.env_params).shape)
+
+    @jax.jit
+    def greedy(obs, key):
+        act = lambda p, o: trainer.act(p, o, key)  # noqa: E731
+        if obs.ndim > obs_ndim:  # a batch
+            act = jax.vmap(act, (None, 0))
+        if seed is None and runs > 1:
+            act = jax.vmap(act, (0, None))
+        return act(params, obs)
+
+    act = lambda obs, key=None: greedy(jnp.asarray(obs), jax.random.PRNGKey(0) if key is None else key)  # noqa: E731
+    return WindowAgent(act, trainer.env) if windowed else act
+
+
+class WindowAgent:
+    """`load_agent`'s policy for a run whose policy reads a window of past observations (skip_transformer).
+
+        agent = checkpoints.load_agent("runs/skip_transformer-...", skip_transformer.Config,
+                                       skip_transformer.make_trainer)
+        action = agent(obs, first=True)  # obs starts an episode
+        action = agent(obs)              # ... and continues it
+
+    `agent(obs, key=None, first=False)` takes the observations of the wrapped
+    gymnax environment (one, or a batch `[N, *obs_shape]` of N environments),
+    adds each to its environment's window and returns the greedy actions on the
+    windows, as `load_agent`'s `act` (every seed, `[num_seeds, ...]`, or `seed`).
+    `first` (a bool, or one per environment) says that `obs` starts an episode:
+    its window is cleared first, as training clears it at an episode end. With
+    gymnax's automatic resets pass the `terminated | truncated` of the step that
+    gave `obs`. The windows (`agent.windows`, `[N, L, F + 1]`) are kept between
+    calls; a new agent, or `reset()`, starts them empty. They hold observations
+    only, so every seed reads the same ones: to run each seed in its own
+    environments, load one agent per seed (`seed=i`).
+    """
+
+    def __init__(self, act: Callable, env):
+        self._act, self._env, self.windows = act, env, None
+        self._observe = jax.jit(env.observe)
+        self._observe_batch = jax.jit(jax.vmap(env.observe))
+
+    def reset(self) -> None:
+        """Forgets every window (e.g. to act on another number of environments)."""
+        self.windows = None
+
+    def __call__(self, obs, key=None, first=False):
+        obs = jnp.asarray(obs)
+        batch = obs.shape[:obs.ndim - len(self._env.raw_obs_shape)]
+        if self.windows is None:
+            self.windows = jnp.zeros(batch + self._env.window_shape, jnp.float32)
+        cli.require(self.windows.shape[:-2] == batch, f"obs holds observations of {batch or 'one'} environment(s), "
+                                                      f"the agent's windows {self.windows.shape[:-2] or 'one'}; "
+                                                      f"call reset() first to act on another number")
+        first = jnp.broadcast_to(jnp.asarray(first, bool), batch)
+        self.windows = (self._observe_batch if batch else self._observe)(self.windows, obs, first)
+        return self._act(self.windows, key)

@@ -1,0 +1,86 @@
+"""The pieces of the epoch loop: epochs in chunks of one compiled call, their records, Ctrl-C between calls.
+
+One compiled call runs up to 64 epochs (`epochs_per_call`, `chunk_epochs`),
+so that the per-call dispatch and metrics transfer do not set the pace of
+small epochs; `records` turns a call's metrics into one record per epoch for
+`metrics.jsonl`. `StopOnInterrupt` lets the running call finish on Ctrl-C.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import warnings
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def epochs_per_call(steps_per_epoch: int, num_epochs: int) -> int:
+    """Epochs run by one compiled call: about 64k environment steps, at most 64.
+
+    Each call costs a dispatch and a metrics transfer (milliseconds on a CPU),
+    as much as a small epoch; grouping epochs amortises it.
+    """
+    return int(min(num_epochs, 64, max(1, 65_536 // steps_per_epoch)))
+
+
+def chunk_epochs(epoch: Callable, k: int) -> Callable:
+    """`fn(state, n) -> (state, metrics [k, ...])` running `epoch` n <= k times.
+
+    One program serves every n: a `lax.scan` over k slots, slot i runs the epoch
+    iff i < n. The predicate is the same for every device and seed (not
+    batched), so `lax.cond` truly skips the unused slots.
+    """
+
+    def run_n(state, n):
+        shapes = jax.eval_shape(epoch, state)[1]
+        skip = lambda s: (s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes))  # noqa: E731
+        return jax.lax.scan(lambda s, i: jax.lax.cond(i < n, epoch, skip, s), state, jnp.arange(k))
+
+    return run_n
+
+
+def records(metrics, n: int) -> list[dict]:
+    """`[n_devices, num_seeds, epochs]` metrics -> one dict of floats per epoch.
+
+    Device 0 (metrics agree across devices), mean over seeds (`episode/return`
+    also seed by seed, as `episode/return_per_seed`). Seeds with no
+    finished episode in an epoch (NaN `episode/*`) are left out of that mean;
+    any other NaN (a diverged seed) stays NaN.
+    """
+    host = {k: np.asarray(v)[0, :, :n] for k, v in jax.device_get(metrics).items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of all-NaN
+        per_epoch = [{k: float(np.nanmean(v[:, j]) if k.startswith("episode/") else np.mean(v[:, j]))
+                     for k, v in host.items()} for j in range(n)]
+    if "episode/return" in host:  # each seed's too (for the spread in common.plot)
+        for j, record in enumerate(per_epoch):
+            record["episode/return_per_seed"] = host["episode/return"][:, j].tolist()
+    return per_epoch
+
+
+class StopOnInterrupt:
+    """Ctrl-C finishes the running epoch, then stops with a checkpoint; a second Ctrl-C stops at once.
+
+    (An epoch interrupted half-way would leave the donated runner state deleted.)
+    """
+
+    requested = False
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, *_):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this epoch (Ctrl-C again to abort without saving)", flush=True)
+
+    def __exit__(self, *_):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)

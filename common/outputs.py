@@ -1,0 +1,231 @@
+"""The run directory: its lock, what a run writes there, and writes that fail in one line.
+
+What a run writes in `--out-dir DIR`:
+- `config.json`: the full config, enough to rebuild the run.
+- `metrics.jsonl`: one JSON object per epoch (`epoch`, `env_steps`, `sps`,
+  `episode/*`, the algorithm's own keys, `eval/return` when evaluated).
+- `summary.json`: at the end: `eval_return` (mean greedy return over
+  `--eval-episodes`, and per seed), `env_steps`, `wall_time_s`,
+  `compile_time_s`, `sps` (env steps per second after compilation, all seeds).
+- `checkpoints/epoch_NNNNNN.npz`: the whole runner state (params, optimiser,
+  environments, keys), written to a temporary file and renamed, no pickle;
+  the newest `--keep-checkpoints`, each of them finite (`common.checkpoints`).
+- `changes.jsonl`: the float flags each --resume changed, from which epoch.
+- `run.lock`: held by the live run (`open_run_dir`).
+
+Only the chief (process 0) writes. Every write goes through `writing` (or
+`write_json`): a failed one (a full disk) ends the run with one line naming
+what is left to resume from.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+from common import checkpoints, cli, sweep
+
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "changes.jsonl", "checkpoints")  # a run's own
+
+
+def open_run_dir(run_dir: Path, config):
+    """Creates the run directory (or opens it, on --resume) and locks it; returns the open lock file.
+
+    The lock (`flock` on `run.lock`, which names the holder's pid) lasts until
+    the file is closed or the process ends, however it ends: a second run in the
+    directory is refused while the first lives, and a dead one's lock file
+    blocks nothing. A new run refuses a directory that holds a run, unless
+    `--overwrite`, which deletes that run's files.
+    """
+    flag = f"--resume {run_dir}" if config.resume else f"--out-dir {run_dir}"
+    cli.require(not run_dir.exists() or run_dir.is_dir(),
+                f"{flag} is a file, not a directory; give a directory for the run")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(run_dir / "run.lock", "a+")
+    except OSError as error:
+        raise cli.ConfigError(f"{flag}: cannot write there ({error.strerror}); give a directory you can "
+                              f"write") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise cli.ConfigError(f"{flag}: another run (pid {holder}) is using this directory; wait for it to end "
+                              f"or give another --out-dir") from None
+    with writing(run_dir / "run.lock", run_dir):
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+    held = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if not config.resume and held and not config.overwrite:
+        lock.close()
+        raise cli.ConfigError(f"{flag} already holds a run ({', '.join(held)}); continue it with --resume "
+                              f"{run_dir}, give another --out-dir, or add --overwrite to delete it and start again")
+    for path in [] if config.resume else [run_dir / name for name in held]:  # --overwrite
+        _delete(path, flag)
+    for tmp in [*run_dir.glob(".tmp_*"), *run_dir.glob("checkpoints/.tmp_*")]:  # writes cut short by a crash
+        _delete(tmp, flag)
+    return lock
+
+
+def _delete(path: Path, flag: str) -> None:
+    try:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except OSError as error:
+        raise cli.ConfigError(f"{flag}: cannot delete {path} ({error.strerror}); delete it yourself or give "
+                              f"another --out-dir") from None
+
+
+def disk_error(path: Path, error: OSError, run_dir: Path) -> SystemExit:
+    """A failed write (a full disk): one line, and what is left to resume from."""
+    last = checkpoints.latest(run_dir / "checkpoints")
+    left = (f"the last checkpoint, {last}, is intact: make room, then --resume {run_dir}" if last else
+            "no checkpoint was written yet: make room and start again")
+    return SystemExit(f"error: cannot write {path} ({error.strerror or error}); {left}")
+
+
+@contextlib.contextmanager
+def writing(path: Path, run_dir: Path):
+    """Writes to `path` in the block; a failure of the file system ends the run with `disk_error`'s line."""
+    try:
+        yield
+    except OSError as error:
+        raise disk_error(path, error, run_dir) from None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`path` holds the old text or the new one, never a part (temporary file, then rename)."""
+    tmp = path.with_name(f".tmp_{path.name}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, value, run_dir: Path) -> None:
+    """`value` as indented JSON in `path`, atomically, through `writing`."""
+    with writing(path, run_dir):
+        write_atomic(path, json.dumps(value, indent=2) + "\n")
+
+
+def trim_metrics(path: Path, epoch: int) -> None:
+    """On --resume: `metrics.jsonl` keeps the epochs up to the checkpoint's, saying what it drops.
+
+    A last line that is no record is a write cut short (a full disk, a power cut): it goes too.
+    """
+    if not path.exists():
+        return
+    text = path.read_text(errors="replace")
+    lines, kept, torn = text.splitlines(), [], False
+    for i, line in enumerate(lines):
+        try:
+            if json.loads(line)["epoch"] <= epoch:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            cli.require(i == len(lines) - 1, f"{path}, line {i + 1}, is not a metrics record ({line[:40]!r}); "
+                                             f"repair or delete that line, then --resume again")
+            torn = True
+    if torn:
+        print(f"{path}: dropped its last line, cut short ({lines[-1][:40]!r})", file=sys.stderr)
+    if len(lines) - torn > len(kept):
+        print(f"{path}: dropped {len(lines) - torn - len(kept)} line(s) past the checkpoint's epoch {epoch}",
+              file=sys.stderr)
+    if len(kept) < len(lines) or not text.endswith("\n"):
+        with writing(path, path.parent):
+            write_atomic(path, "".join(line + "\n" for line in kept))
+
+
+def record_changes(run_dir: Path, config, epoch: int) -> None:
+    """--resume with other float flags: config.json takes them (a later --resume keeps them), and
+    `changes.jsonl` gets a line `{"epoch": from, flag: [old, new], ...}`."""
+    path = run_dir / "config.json"
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    changed = {k: [saved[k], getattr(config, k)] for k in cli.float_flags(type(config))
+               if k in saved and saved[k] != getattr(config, k)}
+    if not changed:
+        return
+    with writing(run_dir / "changes.jsonl", run_dir), open(run_dir / "changes.jsonl", "a") as fh:
+        fh.write(json.dumps({"epoch": epoch, **changed}) + "\n")
+    write_json(path, {**saved, **{k: new for k, (_, new) in changed.items()}}, run_dir)
+    print(f"--resume changes {', '.join(f'{cli.flag_name(k)} {old} -> {new}' for k, (old, new) in changed.items())} "
+          f"from epoch {epoch} (recorded in {run_dir / 'changes.jsonl'})", flush=True)
+
+
+class Logger:
+    """Metrics to the console (throttled), `metrics.jsonl` and, with --track, wandb."""
+
+    def __init__(self, config, run_dir: Path, is_chief: bool):
+        self.config, self.is_chief, self.wandb, self.run_dir = config, is_chief, None, run_dir
+        self.last_print, self.last_return = 0.0, float("nan")
+        self.path = run_dir / "metrics.jsonl"
+        if is_chief and config.track:
+            self._start_wandb(config, run_dir)
+
+    def _start_wandb(self, config, run_dir: Path) -> None:
+        try:
+            import wandb
+
+            online = os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").exists()
+            mode = os.environ.get("WANDB_MODE", "online" if online else "offline")
+            self.wandb = wandb.init(project=config.wandb_project, config=dataclasses.asdict(config),
+                                    dir=str(run_dir), mode=mode, name=run_dir.name)
+        except Exception as error:  # wandb must never stop training
+            print(f"wandb disabled: {error}", file=sys.stderr)
+
+    def start(self, script: str, trainer, n_devices: int, compile_time: float) -> None:
+        """The run's first line: what trains, on what (`n_devices`: every host's), and where it writes."""
+        config, hosts, runs = self.config, jax.process_count(), sweep.n_runs(self.config)
+        where = f"{n_devices} {jax.default_backend()} device(s)" + (f" of {hosts} processes" if hosts > 1 else "")
+        print(f"training {script} on {config.env}: {trainer.num_epochs} epochs of "
+              f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
+              + (f" x {runs // config.num_seeds} sweep members" if config.sweep else "") + f" on {where}; "
+              f"compiled in {compile_time:.1f} s; " + (f"writing {self.run_dir}" if self.is_chief
+                                                       else "the chief writes"), flush=True)
+
+    def log(self, record: dict, force_print: bool = False) -> None:
+        if not self.is_chief:
+            return
+        finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
+        clean = {k: [finite(x) for x in v] if isinstance(v, list) else finite(v) for k, v in record.items()}
+        with writing(self.path, self.run_dir), open(self.path, "a") as fh:
+            fh.write(json.dumps(clean) + "\n")
+        if self.wandb is not None:
+            try:
+                self.wandb.log({k: v for k, v in record.items() if not isinstance(v, list)}, step=record["env_steps"])
+            except Exception as error:
+                print(f"wandb disabled: {error}", file=sys.stderr)
+                self.wandb = None
+        if math.isfinite(record["episode/return"]):
+            self.last_return = record["episode/return"]
+        now = time.time()
+        if force_print or now - self.last_print >= 1.0:
+            self.last_print = now
+            # return: of the latest epoch in which an episode ended
+            line = (f"epoch {record['epoch']:>5} | steps {record['env_steps']:>10,} | "
+                    f"sps {record['sps']:>9,.0f} | return {self.last_return:8.2f}")
+            if "eval/return" in record:
+                line += f" | eval {record['eval/return']:8.2f}"
+            print(line, flush=True)
+
+    def close(self, summary: dict) -> None:
+        if self.wandb is not None:
+            try:
+                self.wandb.summary.update(summary)
+                self.wandb.finish()
+            except Exception as error:
+                print(f"wandb disabled: {error}", file=sys.stderr)
