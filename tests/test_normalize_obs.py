@@ -133,6 +133,15 @@ def compiled(name, **overrides):
     return config, trainer, lambda: init(keys), epoch.compile(run.FAST_COMPILE)
 
 
+def without_stats(state):
+    """The runner state without its observation statistics: the state of a run without the flag.
+
+    A script's state holds them in its field `obs_stats` (None when the flag is off); a script still on the
+    layout before issue 14 wraps its state as `envs.Normalized(runner, obs_stats)` instead.
+    """
+    return state.runner if isinstance(state, envs.Normalized) else state._replace(obs_stats=None)
+
+
 def normalize(name, stats, obs):
     return st.normalize_window(stats, obs) if name == "skip_transformer" else envs.normalize_obs(stats, obs)
 
@@ -151,8 +160,9 @@ def some_observations(name, stats, n=6):
 def test_epochs_with_normalize_obs(name):
     config, trainer, init, epoch = compiled(name, normalize_obs=True)
     _, plain, plain_init, plain_epoch = compiled(name)
+    module = SCRIPTS[name][0]
     state = init()
-    assert isinstance(state, envs.Normalized)
+    assert isinstance(state, envs.Normalized) or type(state) is module.RunnerState  # one type, flag on or off
     stats = host(state.obs_stats)
     np.testing.assert_array_equal(stats.count, 0)
     np.testing.assert_array_equal(stats.mean, 0)
@@ -161,7 +171,7 @@ def test_epochs_with_normalize_obs(name):
     # the first epoch normalizes with mean 0 and variance 1 (and CartPole's |obs| < 10): the epoch without the flag
     first, metrics = epoch(state)
     plain_first, plain_metrics = plain_epoch(plain_init())
-    chex.assert_trees_all_close(host(first.runner), host(plain_first), rtol=1e-6, atol=1e-6)
+    chex.assert_trees_all_close(host(without_stats(first)), host(plain_first), rtol=1e-6, atol=1e-6)
     chex.assert_trees_all_close(host(metrics), host(plain_metrics), rtol=1e-6, atol=1e-6)
 
     state = first
@@ -181,18 +191,19 @@ def test_epochs_with_normalize_obs(name):
     for _ in range(2):
         plain_state, _ = plain_epoch(plain_state)
     field = RUNNER_PARAMS[name]
-    assert not np.allclose(jax.tree.leaves(host(getattr(state.runner, field)))[0],
+    assert not np.allclose(jax.tree.leaves(host(getattr(without_stats(state), field)))[0],
                            jax.tree.leaves(host(getattr(plain_state, field)))[0])
 
-    # act normalizes with the statistics that params(state) hands it
-    params = jax.tree.map(lambda x: x[0, 1], trainer.policy(state))  # device 0, seed 1
-    net_params, obs_stats = params
-    chex.assert_trees_all_equal(net_params, jax.tree.map(lambda x: x[0, 1], getattr(state.runner, field)))
+    # act normalizes with the statistics that policy(state) hands it
+    policy = jax.tree.map(lambda x: x[0, 1], trainer.policy(state))  # device 0, seed 1
+    net_params, obs_stats = policy
+    chex.assert_trees_all_equal(net_params, jax.tree.map(lambda x: x[0, 1], getattr(without_stats(state), field)))
     chex.assert_trees_all_equal(obs_stats, jax.tree.map(lambda x: x[0, 1], state.obs_stats))
+    plain_policy = envs.Policy(params=net_params) if isinstance(policy, envs.Policy) else net_params
     key = jax.random.PRNGKey(0)
     for obs in some_observations(name, obs_stats):
-        np.testing.assert_array_equal(trainer.act(params, obs, key),
-                                      plain.act(net_params, normalize(name, obs_stats, obs), key))
+        np.testing.assert_array_equal(trainer.act(policy, obs, key),
+                                      plain.act(plain_policy, normalize(name, obs_stats, obs), key))
 
 
 @pytest.mark.parametrize("name", ["ppo_joint", "awr"])
@@ -200,8 +211,13 @@ def test_flag_off_leaves_the_runner_state_as_it_was(name):
     config, trainer, init, _ = compiled(name)
     state = jax.eval_shape(init)
     module = SCRIPTS[name][0]
-    assert type(state) is module.RunnerState and "obs_stats" not in module.RunnerState._fields
-    assert trainer.policy(state) is getattr(state, RUNNER_PARAMS[name])
+    assert type(state) is module.RunnerState
+    if "obs_stats" not in module.RunnerState._fields:  # the layout before issue 14: no statistics field at all
+        assert trainer.policy(state) is getattr(state, RUNNER_PARAMS[name])
+        return
+    assert state.obs_stats is None  # a None field: no arrays, nothing added to the program
+    policy = trainer.policy(state)
+    assert policy.params is getattr(state, RUNNER_PARAMS[name]) and policy.obs_stats is None
 
 
 def test_two_devices_two_seeds():
@@ -246,7 +262,7 @@ def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
 
     # load_agent acts with them: the network of seed 1 on the observations normalized by hand
     act = run.load_agent(tmp_path / "whole", ppo_joint.Config, make, seed=1)
-    net_params = jax.tree.map(lambda x: x[0, 1], states[0].runner.params)
+    net_params = jax.tree.map(lambda x: x[0, 1], states[0].params)
     dist = ppo_joint.make_distribution(trainer.env.action_space(trainer.env_params))
     obs = some_observations("ppo_joint", stats)
     by_hand = [int(dist.mode(ppo_joint.network(net_params, envs.normalize_obs(stats, o), dist, "tanh")[0]))
