@@ -303,10 +303,9 @@ def make_trainer(config: Config) -> run.Trainer:
         inputs, _ = network(policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation)
         return dist.clip_action(dist.mode(inputs))
 
-    return run.Trainer(init=init, epoch=epoch, rollout=rollout, act=act,
+    return run.Trainer(init=init, epoch=epoch, rollout=rollout, act=act, env=env, env_params=env_params,
                        policy=lambda state: envs.Policy(params=state.params, obs_stats=state.obs_stats),
-                       env=env, env_params=env_params, steps_per_epoch=layout.steps_per_epoch,
-                       num_epochs=layout.num_epochs)
+                       steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ MUTATIONS = [
              "gae(traj.reward, traj.value, next_values, traj.done, traj.done,",
              ("tests/test_wiring.py", "tests/test_ppo_joint.py")),
     Mutation("ac-truncation-from-reset-obs", "algos/actor_critic.py",
-             'info["final_observation"], dist.mode(inputs))', "obs, dist.mode(inputs))",
+             'final_obs=info["final_observation"]', "final_obs=obs",
              ("tests/test_wiring.py", "tests/test_actor_critic.py")),
     Mutation("awr-ignores-q-aggregate", "algos/awr.py",
              "aggregate_q(next_q, next_log_mu, config.q_aggregate,", 'aggregate_q(next_q, next_log_mu, "mean",',
