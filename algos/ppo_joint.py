@@ -288,7 +288,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
-        # the mean greedy action: for a discrete policy, the mean index of its most probable action (Trax's)
+        # the mean greedy action: a discrete policy's mean most probable action (Box: the mean of its mode)
         metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         targets = collected.targets
