@@ -1,11 +1,10 @@
 """Actor-critic with separate policy and value networks, several advantage estimators, A2C or PPO loss.
 
-Trax's `ActorCriticTrainer` (Mnih et al. 2016, "Asynchronous Methods for Deep
-Reinforcement Learning", arXiv:1602.01783; with `--loss ppo`, Schulman et al.
-2017, arXiv:1707.06347). Each network has its own Adam optimizer,
-learning-rate schedule, batch size and number of update steps per epoch. One
-epoch -- a vectorized gymnax rollout, the advantages, the value updates, then
-the policy updates -- is one compiled function.
+Trax's `ActorCriticTrainer` (Mnih et al. 2016, "Asynchronous Methods for Deep Reinforcement Learning",
+arXiv:1602.01783; with `--loss ppo`, Schulman et al. 2017, arXiv:1707.06347). Each network has its own
+Adam optimizer, learning-rate schedule, batch size and number of update steps per epoch. One epoch -- a
+vectorized gymnax rollout, the advantages, the value updates, then the policy updates -- is one compiled
+function.
 
     python algos/actor_critic.py                                  # CartPole-v1, A2C, GAE
     python algos/actor_critic.py --loss ppo                       # 16 minibatch steps of 256 per epoch
@@ -82,7 +81,7 @@ class Config(cli.RunConfig):
     """epochs of transitions to train on; must be 1, as a2c and ppo learn only from the current policy's data"""
     hidden: tuple[int, ...] = (64, 64)
     """hidden layer widths of each network"""
-    activation: Literal["tanh", "relu"] = "tanh"
+    activation: nets.Activation = "tanh"
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
@@ -93,20 +92,18 @@ class Config(cli.RunConfig):
     def __post_init__(self):
         super().__post_init__()
         for name in ("loss", "advantage", "policy_lr_schedule", "value_lr_schedule", "activation", "std"):
-            choices = typing.get_args(typing.get_type_hints(Config)[name])
-            cli.require(getattr(self, name) in choices, f"--{name.replace('_', '-')} {getattr(self, name)!r}: "
-                                                        f"use one of {', '.join(choices)}")
+            choices, value = typing.get_args(typing.get_type_hints(Config)[name]), getattr(self, name)
+            cli.require(value in choices, f"{cli.flag_name(name)} {value!r}: use one of {', '.join(choices)}")
         for name in ("num_envs", "num_steps", "td_k", "value_batch_size", "value_train_steps"):
-            cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+            cli.require(getattr(self, name) >= 1, f"{cli.flag_name(name)} must be at least 1")
         for name in ("policy_batch_size", "policy_train_steps"):
-            cli.require(getattr(self, name) >= 0, f"--{name.replace('_', '-')} must be 0 (the --loss default) "
-                                                  f"or more")
+            cli.require(getattr(self, name) >= 0, f"{cli.flag_name(name)} must be 0 (the --loss default) or more")
         cli.require(self.loss == "a2c" or self.policy_steps > 1,
                     "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only step): "
                     "use 2 or more, or 0 for the default 16")
         for name in ("policy_lr", "value_lr"):
-            cli.require(getattr(self, name) > 0, f"--{name.replace('_', '-')} {getattr(self, name)}: "
-                                                 f"use a positive learning rate")
+            cli.require(getattr(self, name) > 0, f"{cli.flag_name(name)} {getattr(self, name)}: use a positive "
+                                                 f"learning rate")
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
         cli.require(0 <= self.lam <= 1, f"--lam {self.lam}: use a value in [0, 1]")
         cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
@@ -139,33 +136,14 @@ class Config(cli.RunConfig):
 # ----------------------------------------------------------------------------
 # Networks: plain functions over parameter pytrees
 # ----------------------------------------------------------------------------
-def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    w = nets.orthogonal(key, (n_in, n_out), scale)
-    return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
-
-
-def init_torso(key, obs_dim: int, hidden: tuple) -> list:
-    sizes = (obs_dim,) + tuple(hidden)
-    keys = jax.random.split(key, len(hidden))
-    return [dense_init(k, a, b, np.sqrt(2)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
-
-
-def torso(layers: list, obs: jax.Array, activation: str) -> jax.Array:
-    act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[activation]
-    x = jnp.ravel(obs).astype(jnp.float32)
-    for layer in layers:
-        x = act(x @ layer["w"] + layer["b"])
-    return x
-
-
-def policy_network(params: dict, obs: jax.Array, dist, activation: str) -> jax.Array:
+def policy_network(params: dict, obs: jax.Array, dist, activation: nets.Activation) -> jax.Array:
     """One observation -> distribution inputs [n_inputs]."""
-    return dist.policy_head(params["head"], torso(params["torso"], obs, activation))
+    return dist.policy_head(params["head"], nets.torso(params["torso"], obs, activation))
 
 
-def value_network(params: dict, obs: jax.Array, activation: str) -> jax.Array:
+def value_network(params: dict, obs: jax.Array, activation: nets.Activation) -> jax.Array:
     """One observation -> the raw value output [] (times `value_scale` it is V(s))."""
-    x = torso(params["torso"], obs, activation)
+    x = nets.torso(params["torso"], obs, activation)
     return (x @ params["head"]["w"] + params["head"]["b"])[0]
 
 
@@ -184,12 +162,13 @@ class RunnerState(NamedTuple):
     value_opt_state: optax.OptState
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
-    stats: envs.EpisodeStats
+    episode_stats: envs.EpisodeStats
+    obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the earlier epochs' observations; off: None
     key: jax.Array  # differs per device
 
 
 class Transition(NamedTuple):
-    obs: jax.Array
+    obs: jax.Array  # s_t as observed (raw)
     action: jax.Array
     reward: jax.Array
     terminated: jax.Array  # no future: discount_t = 0
@@ -200,18 +179,15 @@ class Transition(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """An epoch before its updates: the runner after T steps and what the updates train on."""
-
-    runner: RunnerState
-    obs_stats: envs.ObsStats | None  # --normalize-obs: the statistics the networks normalize with
-    value_params: dict  # the value net's, its first --n-shared-layers the policy's
+    """An epoch before its updates: the state after T steps and what the updates train on."""
+    state: RunnerState  # its value net's first --n-shared-layers the policy's; its obs_stats: those used
     traj: Transition  # [T, B, ...] as collected (raw observations)
     advantages: jax.Array  # [T, B]
     targets: jax.Array  # [T, B] V_old + A
 
 
 class Batch(NamedTuple):
-    obs: jax.Array
+    obs: jax.Array  # as the networks saw it (normalized with --normalize-obs)
     action: jax.Array
     log_prob: jax.Array
     advantage: jax.Array
@@ -221,22 +197,16 @@ class Batch(NamedTuple):
 # ----------------------------------------------------------------------------
 # Advantage estimators over time-major [T, B] arrays
 #
-# All take rewards r_t, values V(s_t), next_values V(s'_t) (s'_t: the
-# observation after step t, before any reset), terminated_t and done_t
-# (terminated or truncated), and return `(advantages, targets = V + A)`.
-# discount_t = gamma * (1 - terminated_t): a truncated step bootstraps from
-# V(s'_t), a terminated one from nothing; at done_t nothing after t leaks
-# into t. After the rollout's last step every estimator bootstraps from
-# V(s'_{T-1}).
+# All take rewards r_t, values V(s_t), next_values V(s'_t) (s'_t: final_obs_t, the observation after
+# step t before any reset), terminated_t and done_t (terminated or truncated), and return
+# `(advantages, targets = V + A)`. discount_t = gamma * (1 - terminated_t): a truncated step bootstraps
+# from V(s'_t), a terminated one from nothing; at done_t nothing after t leaks into t. After the
+# rollout's last step every estimator bootstraps from V(s'_{T-1}).
 # ----------------------------------------------------------------------------
-def _check_shapes(rewards, values, next_values, terminated, dones):
-    chex.assert_rank(rewards, 2)
-    chex.assert_equal_shape([rewards, values, next_values, terminated, dones])
-
-
 def td_lambda(rewards, values, next_values, terminated, dones, gamma: float, lam: float):
     """R_t = r_t + discount_t * (V(s'_t) if done_t else (1 - lam) V(s'_t) + lam R_{t+1}); A = R - V."""
-    _check_shapes(rewards, values, next_values, terminated, dones)
+    chex.assert_rank(rewards, 2)
+    chex.assert_equal_shape([rewards, values, next_values, terminated, dones])
     discount = gamma * (1.0 - terminated.astype(jnp.float32))
 
     def backward(next_return, x):
@@ -249,10 +219,7 @@ def td_lambda(rewards, values, next_values, terminated, dones, gamma: float, lam
 
 
 def monte_carlo(rewards, values, next_values, terminated, dones, gamma: float):
-    """G_t = r_t + discount_t * (V(s'_t) if done_t else G_{t+1}), the discounted return; A = G - V.
-
-    TD(lambda) with lambda = 1.
-    """
+    """G_t = r_t + discount_t * (V(s'_t) if done_t else G_{t+1}), the discounted return; A = G - V: TD(1)."""
     return td_lambda(rewards, values, next_values, terminated, dones, gamma, 1.0)
 
 
@@ -260,9 +227,9 @@ def td_k(rewards, values, next_values, terminated, dones, gamma: float, k: int):
     """G^(k)_t = sum_{i<n} gamma^i r_{t+i} + gamma^n V(s'_{t+n-1}), n = min(k, steps to the end); A = G^(k) - V.
 
     Recursively G^(j)_t = r_t + discount_t * (V(s'_t) if done_t or j = 1 else G^(j-1)_{t+1}); the
-    scan carries G^(1..k-1)_{t+1}.
-    """
-    _check_shapes(rewards, values, next_values, terminated, dones)
+    scan carries G^(1..k-1)_{t+1}."""
+    chex.assert_rank(rewards, 2)
+    chex.assert_equal_shape([rewards, values, next_values, terminated, dones])
     discount = gamma * (1.0 - terminated.astype(jnp.float32))
 
     def backward(next_returns, x):  # next_returns [k-1, B]: G^(1..k-1)_{t+1}
@@ -279,9 +246,9 @@ def td_k(rewards, values, next_values, terminated, dones, gamma: float, k: int):
 def gae(rewards, values, next_values, terminated, dones, gamma: float, lam: float):
     """A_t = delta_t + gamma lam (1 - done_t) A_{t+1}, delta_t = r_t + discount_t V(s'_t) - V(s_t).
 
-    Equal to TD(lambda)'s advantage; lam = 1: Monte-Carlo, lam = 0: TD(0).
-    """
-    _check_shapes(rewards, values, next_values, terminated, dones)
+    Equal to TD(lambda)'s advantage; lam = 1: Monte-Carlo, lam = 0: TD(0)."""
+    chex.assert_rank(rewards, 2)
+    chex.assert_equal_shape([rewards, values, next_values, terminated, dones])
     deltas = rewards + gamma * (1.0 - terminated.astype(jnp.float32)) * next_values - values
     trace = gamma * lam * (1.0 - dones.astype(jnp.float32))
 
@@ -307,27 +274,37 @@ def estimator(config: Config):
 # ----------------------------------------------------------------------------
 # Losses
 # ----------------------------------------------------------------------------
+def clipped_surrogate(log_prob, old_log_prob, advantage, clip_eps: float):
+    """PPO's policy loss -mean(min(r A, clip(r, 1 - eps, 1 + eps) A)), r = exp(log pi - log pi_old), over `[N]`.
+
+    Returns `(loss, metrics)`: ppo/approx_kl, the k3 estimator of KL(old || new) mean((r - 1) - log r), and
+    ppo/clip_fraction, mean(|r - 1| > eps)."""
+    chex.assert_rank(log_prob, 1)
+    chex.assert_equal_shape([log_prob, old_log_prob, advantage])
+    log_ratio = log_prob - old_log_prob
+    ratio = jnp.exp(log_ratio)
+    clipped = jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps)
+    loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
+    return loss, {"ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),
+                  "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > clip_eps)}
+
+
 def policy_loss(params, batch: Batch, dist, config: Config):
-    """a2c: -mean(A log pi); ppo: -mean(min(r A, clip(r, 1 - eps, 1 + eps) A)); minus c_ent * mean(H)."""
+    """a2c: -mean(A log pi); ppo: `clipped_surrogate`; minus c_ent * mean(H)."""
     chex.assert_rank(batch.advantage, 1)
     inputs = jax.vmap(policy_network, (None, 0, None, None))(params, batch.obs, dist, config.activation)
     log_prob = dist.log_prob(inputs, batch.action)
     advantage = batch.advantage
     if config.normalize_advantages:
         advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-    log_ratio = log_prob - batch.log_prob
-    ratio = jnp.exp(log_ratio)
-    # k3 estimator of KL(old || new): how far the policy moved from the one that collected the data
-    metrics = {f"{config.loss}/approx_kl": jnp.mean((ratio - 1) - log_ratio)}
     if config.loss == "a2c":
         surrogate = -jnp.mean(advantage * log_prob)
+        log_ratio = log_prob - batch.log_prob  # how far the policy moved from the one that collected the data
+        metrics = {"a2c/approx_kl": jnp.mean((jnp.exp(log_ratio) - 1) - log_ratio)}  # k3 estimator of KL(old || new)
     else:
-        clipped = jnp.clip(ratio, 1 - config.clip_eps, 1 + config.clip_eps)
-        surrogate = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
-        metrics["ppo/clip_fraction"] = jnp.mean(jnp.abs(ratio - 1) > config.clip_eps)
+        surrogate, metrics = clipped_surrogate(log_prob, batch.log_prob, advantage, config.clip_eps)
     entropy = jnp.mean(dist.entropy(inputs))
-    metrics.update({"loss/policy": surrogate, "policy/entropy": entropy,
-                    "policy/log_prob_mean": jnp.mean(log_prob)})
+    metrics.update({"loss/policy": surrogate, "policy/entropy": entropy, "policy/log_prob_mean": jnp.mean(log_prob)})
     return surrogate - config.ent_coef * entropy, metrics
 
 
@@ -345,60 +322,75 @@ def value_loss(params, batch: Batch, config: Config, value_scale: float):
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
-    if dist.discrete and config.std != "param":
-        raise cli.ConfigError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
-    n_devices = config.n_devices or jax.local_device_count()
-    if config.num_envs % n_devices:
-        raise cli.ConfigError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
-                              f"use a multiple of {n_devices}")
-    envs_per_device = config.num_envs // n_devices
-    rollout_size = envs_per_device * config.num_steps  # transitions per device and epoch
+    cli.require(not dist.discrete or config.std == "param",
+                f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
+    layout = devices.layout(config)
     for name, size in (("policy_batch_size", config.policy_batch), ("value_batch_size", config.value_batch_size)):
-        if size < 1 or size % n_devices or size > config.num_envs * config.num_steps:
-            raise cli.ConfigError(f"--{name.replace('_', '-')} {size}: use a multiple of --n-devices {n_devices} of "
-                                  f"at most {config.num_envs} envs x {config.num_steps} steps = "
-                                  f"{config.num_envs * config.num_steps}")
-    steps_per_epoch = config.num_envs * config.num_steps
-    num_epochs = config.total_steps // steps_per_epoch
-    if num_epochs < 1:
-        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
-                              f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
+        cli.require(1 <= size <= layout.steps_per_epoch and size % layout.n_devices == 0,
+                    f"{cli.flag_name(name)} {size}: use a multiple of --n-devices {layout.n_devices} of at most "
+                    f"{config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}")
     obs_dim = int(np.prod(env.observation_space(env_params).shape))
     value_scale = 1.0 / (1.0 - config.gamma) if config.scale_value_targets else 1.0
 
     def optimizer(lr: float, schedule: str, n_steps: int):
-        lr = optax.linear_schedule(lr, 0.0, num_epochs * n_steps) if schedule == "linear" else lr
+        lr = optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps) if schedule == "linear" else lr
         clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
         return optax.chain(clip, optax.adam(lr, eps=1e-5))
 
     policy_tx = optimizer(config.policy_lr, config.policy_lr_schedule, config.policy_steps)
     value_tx = optimizer(config.value_lr, config.value_lr_schedule, config.value_train_steps)
     estimate = estimator(config)
-    policy_net = jax.vmap(policy_network, (None, 0, None, None))
     values_of = jax.vmap(jax.vmap(value_network, (None, 0, None)), (None, 0, None))  # [T, B, ...] -> [T, B]
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
 
-    def init(key):
+    def init(key) -> RunnerState:
         # parameters from the seed's key alone (the same on every device), exploration from a device key
         policy_key, policy_head_key, value_key, value_head_key, env_key = jax.random.split(key, 5)
-        policy_params = {"torso": init_torso(policy_key, obs_dim, config.hidden),
-                         "head": dist.head_init(policy_head_key, config.hidden[-1])}
-        value_params = share_layers(policy_params, {
-            "torso": init_torso(value_key, obs_dim, config.hidden),
-            "head": dense_init(value_head_key, config.hidden[-1], 1, 1.0)}, config.n_shared_layers)
+        torso = lambda k: nets.torso_init(jax.random.split(k, len(config.hidden)), obs_dim, config.hidden)  # noqa: E731
+        policy_params = {"torso": torso(policy_key), "head": dist.head_init(policy_head_key, config.hidden[-1])}
+        value_params = {"torso": torso(value_key), "head": nets.dense_init(value_head_key, config.hidden[-1], 1, 1.0)}
+        value_params = share_layers(policy_params, value_params, config.n_shared_layers)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
-        obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        runner = RunnerState(policy_params, value_params, policy_tx.init(policy_params),
-                             value_tx.init(value_params), env_state, obs, envs.init_episode_stats(envs_per_device),
-                             run_key)
-        return envs.Normalized(runner, envs.init_obs_stats(obs.shape[1:])) if config.normalize_obs else runner
+        obs, env_state = envs.reset_envs(env, env_params, reset_key, layout.envs_per_device)
+        return RunnerState(policy_params=policy_params, value_params=value_params,
+                           policy_opt_state=policy_tx.init(policy_params), value_opt_state=value_tx.init(value_params),
+                           env_state=env_state, obs=obs, episode_stats=envs.init_episode_stats(layout.envs_per_device),
+                           obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None, key=run_key)
+
+    def env_step(state: RunnerState, _):
+        """One step of the B environments; the policy sees observations normalized by state.obs_stats."""
+        key, act_key, step_key = jax.random.split(state.key, 3)
+        inputs = jax.vmap(policy_network, (None, 0, None, None))(
+            state.policy_params, envs.normalize_obs(state.obs_stats, state.obs), dist, config.activation)
+        action = dist.sample(inputs, act_key)
+        obs, env_state, reward, terminated, truncated, info = step_envs(
+            jax.random.split(step_key, layout.envs_per_device), state.env_state, dist.clip_action(action), env_params)
+        done = jnp.logical_or(terminated, truncated)
+        transition = Transition(obs=state.obs, action=action, reward=reward, terminated=terminated, done=done,
+                                log_prob=dist.log_prob(inputs, action), final_obs=info["final_observation"],
+                                greedy_action=dist.mode(inputs))
+        episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
+        return state._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key), transition
+
+    def rollout(state: RunnerState) -> Rollout:
+        # COLLECT: T steps of B environments under the current policy (the value net first takes its shared layers).
+        value_params = share_layers(state.policy_params, state.value_params, config.n_shared_layers)
+        state = state._replace(value_params=value_params, episode_stats=envs.reset_epoch_stats(state.episode_stats))
+        state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
+
+        # ADVANTAGES: the chosen estimator on V(s_t) and V(final_obs_t), bootstrapping truncations.
+        norm = functools.partial(envs.normalize_obs, state.obs_stats)  # off: the identity
+        values = value_scale * values_of(state.value_params, norm(traj.obs), config.activation)
+        next_values = value_scale * values_of(state.value_params, norm(traj.final_obs), config.activation)
+        advantages, targets = estimate(traj.reward, values, next_values, traj.terminated, traj.done)
+        return Rollout(state=state, traj=traj, advantages=advantages, targets=targets)
 
     def fit(loss_fn, tx, params, opt_state, batch: Batch, key, n_steps: int, batch_size: int, name: str):
         """n_steps Adam steps on batch_size transitions each, in passes over the shuffled rollout (every
         transition once per pass); gradients averaged over devices."""
-        per_pass = rollout_size // batch_size
+        per_pass = layout.rollout_size // batch_size
         n_passes = -(-n_steps // per_pass)
-        shuffle = lambda k: jax.random.permutation(k, rollout_size)[:per_pass * batch_size]  # noqa: E731
+        shuffle = lambda k: jax.random.permutation(k, layout.rollout_size)[:per_pass * batch_size]  # noqa: E731
         order = jax.vmap(shuffle)(jax.random.split(key, n_passes)).reshape(-1, batch_size)[:n_steps]
 
         def train_step(carry, idx):
@@ -412,77 +404,46 @@ def make_trainer(config: Config) -> run.Trainer:
 
         return jax.lax.scan(train_step, (params, opt_state), order)
 
-    def rollout(state) -> Rollout:
-        # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs.
-        runner, obs_stats = state if config.normalize_obs else (state, None)
-        norm = lambda obs: envs.normalize_obs(obs_stats, obs)  # noqa: E731  (off: the identity)
-        value_params = share_layers(runner.policy_params, runner.value_params, config.n_shared_layers)
-
-        # COLLECT: T steps of B environments under the current policy.
-        def env_step(runner: RunnerState, _):
-            key, act_key, step_key = jax.random.split(runner.key, 3)
-            inputs = policy_net(runner.policy_params, norm(runner.obs), dist, config.activation)
-            action = dist.sample(inputs, act_key)
-            obs, env_state, reward, terminated, truncated, info = step_envs(
-                jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
-                env_params)
-            done = jnp.logical_or(terminated, truncated)
-            transition = Transition(runner.obs, action, reward, terminated, done, dist.log_prob(inputs, action),
-                                    info["final_observation"], dist.mode(inputs))
-            stats = envs.update_episode_stats(runner.stats, reward, done)
-            return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
-
-        runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
-        runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
-
-        # ADVANTAGES: the chosen estimator on V(s_t) and V(s'_t), bootstrapping truncations.
-        values = value_scale * values_of(value_params, norm(traj.obs), config.activation)
-        next_values = value_scale * values_of(value_params, norm(traj.final_obs), config.activation)
-        advantages, targets = estimate(traj.reward, values, next_values, traj.terminated, traj.done)
-        return Rollout(runner, obs_stats, value_params, traj, advantages, targets)
-
-    def epoch(state):
-        runner, obs_stats, value_params, traj, advantages, targets = rollout(state)
-        flat = lambda x: x.reshape((rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
-        obs = envs.normalize_obs(obs_stats, traj.obs)  # what the networks saw
-        batch = jax.tree.map(flat, Batch(obs, traj.action, traj.log_prob, advantages, targets))
+    def epoch(state: RunnerState):
+        collected = rollout(state)  # COLLECT and ADVANTAGES
+        state, traj, advantages, targets = collected.state, collected.traj, collected.advantages, collected.targets
 
         # UPDATE: the value net on V + A, then the policy on A (both from V before this update);
         # each network with its own steps, batch size and optimizer.
-        key, value_key, policy_key = jax.random.split(runner.key, 3)
+        flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+        obs = envs.normalize_obs(state.obs_stats, traj.obs)  # what the networks saw
+        batch = jax.tree.map(flat, Batch(obs=obs, action=traj.action, log_prob=traj.log_prob, advantage=advantages,
+                                         target=targets))
+        key, value_key, policy_key = jax.random.split(state.key, 3)
         (value_params, value_opt_state), value_metrics = fit(
-            functools.partial(value_loss, config=config, value_scale=value_scale), value_tx, value_params,
-            runner.value_opt_state, batch, value_key, config.value_train_steps,
-            config.value_batch_size // n_devices, "value")
+            functools.partial(value_loss, config=config, value_scale=value_scale), value_tx, state.value_params,
+            state.value_opt_state, batch, value_key, config.value_train_steps,
+            config.value_batch_size // layout.n_devices, "value")
         (policy_params, policy_opt_state), policy_metrics = fit(
-            functools.partial(policy_loss, dist=dist, config=config), policy_tx, runner.policy_params,
-            runner.policy_opt_state, batch, policy_key, config.policy_steps,
-            config.policy_batch // n_devices, "policy")
+            functools.partial(policy_loss, dist=dist, config=config), policy_tx, state.policy_params,
+            state.policy_opt_state, batch, policy_key, config.policy_steps,
+            config.policy_batch // layout.n_devices, "policy")
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in {**value_metrics, **policy_metrics}.items()}
+        # the mean greedy action: a discrete policy's mean most probable action (Box: the mean of its mode)
         metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(residual_metrics(advantages, targets))  # A = R - V over every device's batch
-        metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        runner = runner._replace(policy_params=policy_params, value_params=value_params,
-                                 policy_opt_state=policy_opt_state, value_opt_state=value_opt_state, key=key)
-        if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
-            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, traj.obs)), metrics
-        return runner, metrics
+        metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
+        # --normalize-obs: this epoch's observations, every device's, join the statistics
+        obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs) if config.normalize_obs else None
+        return state._replace(policy_params=policy_params, value_params=value_params, obs_stats=obs_stats,
+                              policy_opt_state=policy_opt_state, value_opt_state=value_opt_state, key=key), metrics
 
-    def act(params, obs, key):
+    def act(policy: envs.Policy, obs, key):
         del key  # greedy
-        if config.normalize_obs:  # params: (network parameters, observation statistics)
-            params, obs = params[0], envs.normalize_obs(params[1], obs)
-        return dist.clip_action(dist.mode(policy_network(params, obs, dist, config.activation)))
+        inputs = policy_network(policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation)
+        return dist.clip_action(dist.mode(inputs))
 
-    def params(state):  # what act needs
-        return (state.runner.policy_params, state.obs_stats) if config.normalize_obs else state.policy_params
-
-    return run.Trainer(init=init, epoch=epoch, act=act, policy=params, env=env,
-                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       rollout=rollout)
+    return run.Trainer(init=init, epoch=epoch, rollout=rollout, act=act, env=env, env_params=env_params,
+                       policy=lambda state: envs.Policy(params=state.policy_params, obs_stats=state.obs_stats),
+                       steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ class Config(cli.RunConfig):
     """entropy bonus coefficient c_ent"""
     hidden: tuple[int, ...] = (64, 64)
     """torso layer widths"""
-    activation: Literal["tanh", "relu"] = "tanh"
+    activation: nets.Activation = "tanh"
     """torso activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
@@ -84,27 +84,18 @@ class Config(cli.RunConfig):
 # ----------------------------------------------------------------------------
 # Network: plain functions over a parameter pytree
 # ----------------------------------------------------------------------------
-def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    w = nets.orthogonal(key, (n_in, n_out), scale)
-    return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
-
-
 def init_network(key, obs_dim: int, hidden: tuple, dist) -> dict:
-    keys = jax.random.split(key, len(hidden) + 2)
-    sizes = (obs_dim,) + tuple(hidden)
+    keys = jax.random.split(key, len(hidden) + 2)  # one per hidden layer, the policy head, the value head
     return {
-        "torso": [dense_init(k, a, b, np.sqrt(2)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])],
-        "policy": dist.head_init(keys[-2], sizes[-1]),
-        "value": dense_init(keys[-1], sizes[-1], 1, 1.0),
+        "torso": nets.torso_init(keys[:-2], obs_dim, hidden),
+        "policy": dist.head_init(keys[-2], hidden[-1]),
+        "value": nets.dense_init(keys[-1], hidden[-1], 1, 1.0),
     }
 
 
-def network(params: dict, obs: jax.Array, dist, activation: str):
+def network(params: dict, obs: jax.Array, dist, activation: nets.Activation):
     """One observation -> (distribution inputs [n_inputs], value [])."""
-    act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[activation]
-    x = jnp.ravel(obs).astype(jnp.float32)
-    for layer in params["torso"]:
-        x = act(x @ layer["w"] + layer["b"])
+    x = nets.torso(params["torso"], obs, activation)
     value = x @ params["value"]["w"] + params["value"]["b"]
     return dist.policy_head(params["policy"], x), value[0]
 
@@ -117,12 +108,13 @@ class RunnerState(NamedTuple):
     opt_state: optax.OptState
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
-    stats: envs.EpisodeStats
+    episode_stats: envs.EpisodeStats
+    obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the earlier epochs' observations; off: None
     key: jax.Array  # differs per device
 
 
 class Transition(NamedTuple):
-    obs: jax.Array
+    obs: jax.Array  # s_t as observed (raw)
     action: jax.Array
     reward: jax.Array
     terminated: jax.Array  # no future: discount_t = 0
@@ -134,17 +126,16 @@ class Transition(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """An epoch before its update: the runner after T steps and what the update trains on."""
+    """An epoch before its update: the state after T steps and what the update trains on."""
 
-    runner: RunnerState
-    obs_stats: envs.ObsStats | None  # --normalize-obs: the statistics the networks normalize with
+    state: RunnerState  # its obs_stats: those the networks normalized with
     traj: Transition  # [T, B, ...] as collected (raw observations)
     advantages: jax.Array  # [T, B]
     targets: jax.Array  # [T, B] R = A + V_old
 
 
 class Batch(NamedTuple):
-    obs: jax.Array
+    obs: jax.Array  # as the networks saw it (normalized with --normalize-obs)
     action: jax.Array
     log_prob: jax.Array
     advantage: jax.Array
@@ -179,6 +170,22 @@ def gae(rewards, values, next_values, terminated, dones, gamma: float, lam: floa
     return advantages, advantages + values
 
 
+def clipped_surrogate(log_prob, old_log_prob, advantage, clip_eps: float):
+    """PPO's policy loss -mean(min(r A, clip(r, 1 - eps, 1 + eps) A)), r = exp(log pi - log pi_old), over `[N]`.
+
+    Returns `(loss, {"ppo/approx_kl", "ppo/clip_fraction"})`: the k3 estimator of KL(old || new),
+    mean((r - 1) - log r), and mean(|r - 1| > eps).
+    """
+    chex.assert_rank(log_prob, 1)
+    chex.assert_equal_shape([log_prob, old_log_prob, advantage])
+    log_ratio = log_prob - old_log_prob
+    ratio = jnp.exp(log_ratio)
+    clipped = jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps)
+    loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
+    return loss, {"ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),
+                  "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > clip_eps)}
+
+
 def ppo_loss(params, batch: Batch, dist, config: Config):
     """Clipped surrogate + c_v * value L2 - c_ent * entropy, and its diagnostics."""
     inputs, values = jax.vmap(network, (None, 0, None, None))(params, batch.obs, dist, config.activation)
@@ -186,23 +193,12 @@ def ppo_loss(params, batch: Batch, dist, config: Config):
     advantage = batch.advantage
     if config.normalize_advantages:
         advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-    log_ratio = log_prob - batch.log_prob
-    ratio = jnp.exp(log_ratio)
-    # -min(r A, clip(r, 1 - eps, 1 + eps) A)
-    clipped = jnp.clip(ratio, 1 - config.clip_eps, 1 + config.clip_eps)
-    policy_loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
+    policy_loss, metrics = clipped_surrogate(log_prob, batch.log_prob, advantage, config.clip_eps)
     value_loss = jnp.mean((values - batch.target) ** 2)
     entropy = jnp.mean(dist.entropy(inputs))
     loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
-    return loss, {
-        "loss/joint": loss,
-        "loss/policy": policy_loss,
-        "loss/value": value_loss,
-        "policy/entropy": entropy,
-        "policy/log_prob_mean": jnp.mean(log_prob),
-        "ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),  # k3 estimator of KL(old || new)
-        "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > config.clip_eps),
-    }
+    return loss, {"loss/joint": loss, "loss/policy": policy_loss, "loss/value": value_loss,
+                  "policy/entropy": entropy, "policy/log_prob_mean": jnp.mean(log_prob), **metrics}
 
 
 # ----------------------------------------------------------------------------
@@ -211,119 +207,105 @@ def ppo_loss(params, batch: Batch, dist, config: Config):
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
-    if dist.discrete and config.std != "param":
-        raise cli.ConfigError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
-    n_devices = config.n_devices or jax.local_device_count()
-    if config.num_envs % n_devices:
-        raise cli.ConfigError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
-                              f"use a multiple of {n_devices}")
-    envs_per_device = config.num_envs // n_devices
-    batch_size = envs_per_device * config.num_steps
-    if batch_size % config.num_minibatches:
-        raise cli.ConfigError(f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
-                              f"{envs_per_device} envs x {config.num_steps} steps = {batch_size}")
-    steps_per_epoch = config.num_envs * config.num_steps
-    num_epochs = config.total_steps // steps_per_epoch
-    if num_epochs < 1:
-        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
-                              f"({config.num_envs} envs x {config.num_steps} steps = {steps_per_epoch})")
+    cli.require(not dist.discrete or config.std == "param",
+                f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
+    layout = devices.layout(config)
+    cli.require(layout.rollout_size % config.num_minibatches == 0,
+                f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
+                f"{layout.envs_per_device} envs x {config.num_steps} steps = {layout.rollout_size}")
     obs_dim = int(np.prod(env.observation_space(env_params).shape))
-    n_updates = num_epochs * config.update_epochs * config.num_minibatches
+    n_updates = layout.num_epochs * config.update_epochs * config.num_minibatches
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
     clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
     net = jax.vmap(network, (None, 0, None, None))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
 
-    def init(key):
+    def init(key) -> RunnerState:
         param_key, env_key = jax.random.split(key)  # same on every device
         params = init_network(param_key, obs_dim, config.hidden, dist)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
-        obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        runner = RunnerState(params, tx.init(params), env_state, obs, envs.init_episode_stats(envs_per_device),
-                             run_key)
-        return envs.Normalized(runner, envs.init_obs_stats(obs.shape[1:])) if config.normalize_obs else runner
+        obs, env_state = envs.reset_envs(env, env_params, reset_key, layout.envs_per_device)
+        return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,
+                           episode_stats=envs.init_episode_stats(layout.envs_per_device),
+                           obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
+                           key=run_key)
 
-    def rollout(state) -> Rollout:
-        # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs.
-        runner, obs_stats = state if config.normalize_obs else (state, None)
-        norm = lambda obs: envs.normalize_obs(obs_stats, obs)  # noqa: E731  (off: the identity)
+    def env_step(state: RunnerState, _):
+        """One step of the B environments; the network sees observations normalized by state.obs_stats."""
+        key, act_key, step_key = jax.random.split(state.key, 3)
+        inputs, value = net(state.params, envs.normalize_obs(state.obs_stats, state.obs), dist, config.activation)
+        action = dist.sample(inputs, act_key)
+        obs, env_state, reward, terminated, truncated, info = step_envs(
+            jax.random.split(step_key, layout.envs_per_device), state.env_state, dist.clip_action(action), env_params)
+        done = jnp.logical_or(terminated, truncated)
+        transition = Transition(obs=state.obs, action=action, reward=reward, terminated=terminated, done=done,
+                                value=value, log_prob=dist.log_prob(inputs, action),
+                                final_obs=info["final_observation"], greedy_action=dist.mode(inputs))
+        episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
+        return state._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key), transition
 
+    def rollout(state: RunnerState) -> Rollout:
         # COLLECT: T steps of B environments under the current policy.
-        def env_step(runner: RunnerState, _):
-            key, act_key, step_key = jax.random.split(runner.key, 3)
-            inputs, value = net(runner.params, norm(runner.obs), dist, config.activation)
-            action = dist.sample(inputs, act_key)
-            obs, env_state, reward, terminated, truncated, info = step_envs(
-                jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
-                env_params)
-            done = jnp.logical_or(terminated, truncated)
-            transition = Transition(runner.obs, action, reward, terminated, done, value,
-                                    dist.log_prob(inputs, action), info["final_observation"],
-                                    dist.mode(inputs))
-            stats = envs.update_episode_stats(runner.stats, reward, done)
-            return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
+        state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
+        state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
-        runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
-        runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
-
-        # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations.
-        _, next_values = jax.vmap(net, (None, 0, None, None))(runner.params, norm(traj.final_obs), dist,
-                                                               config.activation)
+        # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations from V(final_obs).
+        final_obs = envs.normalize_obs(state.obs_stats, traj.final_obs)
+        _, next_values = jax.vmap(net, (None, 0, None, None))(state.params, final_obs, dist, config.activation)
         lam = 1.0 if config.advantage == "monte-carlo" else config.gae_lambda
         advantages, targets = gae(traj.reward, traj.value, next_values, traj.terminated, traj.done,
                                   config.gamma, lam)
-        return Rollout(runner, obs_stats, traj, advantages, targets)
+        return Rollout(state=state, traj=traj, advantages=advantages, targets=targets)
 
-    def epoch(state):
-        runner, obs_stats, traj, advantages, targets = rollout(state)
-        flat = lambda x: x.reshape((batch_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
-        obs = envs.normalize_obs(obs_stats, traj.obs)  # what the networks saw
-        batch = jax.tree.map(flat, Batch(obs, traj.action, traj.log_prob, advantages, targets))
+    def minibatch_step(carry, minibatch: Batch):
+        params, opt_state = carry
+        grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, minibatch, dist, config)
+        grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        metrics["optim/grad_norm"] = optax.tree.norm(grads)
+        return (optax.apply_updates(params, updates), opt_state), metrics
 
-        # UPDATE: update_epochs passes of num_minibatches Adam steps; gradients
-        # averaged over devices.
-        def minibatch_step(carry, minibatch: Batch):
-            params, opt_state = carry
-            grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, minibatch, dist, config)
-            grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            metrics["optim/grad_norm"] = optax.tree.norm(grads)
-            return (optax.apply_updates(params, updates), opt_state), metrics
+    def epoch(state: RunnerState):
+        collected = rollout(state)  # COLLECT and ADVANTAGES
+        state, traj = collected.state, collected.traj
+
+        # UPDATE: update_epochs passes of num_minibatches Adam steps; gradients averaged over devices.
+        flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+        obs = envs.normalize_obs(state.obs_stats, traj.obs)  # what the networks saw
+        batch = jax.tree.map(flat, Batch(obs=obs, action=traj.action, log_prob=traj.log_prob,
+                                         advantage=collected.advantages, target=collected.targets))
 
         def update_epoch(carry, key):
-            order = jax.random.permutation(key, batch_size)
+            order = jax.random.permutation(key, layout.rollout_size)
             minibatches = jax.tree.map(
                 lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch)
             return jax.lax.scan(minibatch_step, carry, minibatches)
 
-        key, perm_key = jax.random.split(runner.key)
+        key, perm_key = jax.random.split(state.key)
         (params, opt_state), losses = jax.lax.scan(
-            update_epoch, (runner.params, runner.opt_state), jax.random.split(perm_key, config.update_epochs))
+            update_epoch, (state.params, state.opt_state), jax.random.split(perm_key, config.update_epochs))
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
+        # the mean greedy action: a discrete policy's mean most probable action (Box: the mean of its mode)
         metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
+        targets = collected.targets
         metrics.update(residual_metrics(targets - traj.value, targets))  # R - V over every device's batch
-        metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        runner = runner._replace(params=params, opt_state=opt_state, key=key)
-        if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
-            return envs.Normalized(runner, envs.update_obs_stats(obs_stats, traj.obs)), metrics
-        return runner, metrics
+        metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
+        # --normalize-obs: this epoch's observations, every device's, join the statistics
+        obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs) if config.normalize_obs else None
+        return state._replace(params=params, opt_state=opt_state, obs_stats=obs_stats, key=key), metrics
 
-    def act(params, obs, key):
+    def act(policy: envs.Policy, obs, key):
         del key  # greedy
-        if config.normalize_obs:  # params: (network parameters, observation statistics)
-            params, obs = params[0], envs.normalize_obs(params[1], obs)
-        return dist.clip_action(dist.mode(network(params, obs, dist, config.activation)[0]))
+        inputs, _ = network(policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation)
+        return dist.clip_action(dist.mode(inputs))
 
-    def params(state):  # what act needs
-        return (state.runner.params, state.obs_stats) if config.normalize_obs else state.params
-
-    return run.Trainer(init=init, epoch=epoch, act=act, policy=params, env=env,
-                       env_params=env_params, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-                       rollout=rollout)
+    return run.Trainer(init=init, epoch=epoch, rollout=rollout, act=act, env=env, env_params=env_params,
+                       policy=lambda state: envs.Policy(params=state.params, obs_stats=state.obs_stats),
+                       steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs)
 
 
 if __name__ == "__main__":

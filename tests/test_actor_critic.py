@@ -21,7 +21,7 @@ from gymnax.environments import spaces
 
 from algos import actor_critic
 from algos.actor_critic import Batch, Config, make_trainer, policy_loss, value_loss
-from common import devices, run
+from common import devices, nets, run
 from common.distributions import make_distribution
 
 
@@ -79,9 +79,11 @@ def np_mlp(layers, x):
 
 def init_params(seed, dist, hidden=(64, 64)):
     k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(seed), 4)
-    policy = {"torso": actor_critic.init_torso(k1, 4, hidden), "head": dist.head_init(k2, hidden[-1])}
+    policy = {"torso": nets.torso_init(jax.random.split(k1, len(hidden)), 4, hidden),
+              "head": dist.head_init(k2, hidden[-1])}
     policy["head"]["w"] = policy["head"]["w"] * 100  # probabilities well away from uniform
-    value = {"torso": actor_critic.init_torso(k3, 4, hidden), "head": actor_critic.dense_init(k4, hidden[-1], 1, 1.0)}
+    value = {"torso": nets.torso_init(jax.random.split(k3, len(hidden)), 4, hidden),
+             "head": nets.dense_init(k4, hidden[-1], 1, 1.0)}
     return policy, value
 
 

@@ -138,9 +138,8 @@ def normalize(name, stats, obs):
 
 
 def without_stats(state):
-    """The script's state without its observation statistics: the runner inside `envs.Normalized`, or the
-    state with its `obs_stats` field None (what the state is with the flag off)."""
-    return state.runner if isinstance(state, envs.Normalized) else state._replace(obs_stats=None)
+    """The state of a run without the flag: its `obs_stats` field None."""
+    return state._replace(obs_stats=None)
 
 
 def some_observations(name, stats, n=6):
@@ -157,8 +156,9 @@ def some_observations(name, stats, n=6):
 def test_epochs_with_normalize_obs(name):
     config, trainer, init, epoch = compiled(name, normalize_obs=True)
     _, plain, plain_init, plain_epoch = compiled(name)
+    module = SCRIPTS[name][0]
     state = init()
-    assert isinstance(state, envs.Normalized) or (type(state) is type(plain_init()) and state.obs_stats is not None)
+    assert type(state) is module.RunnerState and state.obs_stats is not None  # one type, flag on or off
     stats = host(state.obs_stats)
     np.testing.assert_array_equal(stats.count, 0)
     np.testing.assert_array_equal(stats.mean, 0)
@@ -190,35 +190,30 @@ def test_epochs_with_normalize_obs(name):
     assert not np.allclose(jax.tree.leaves(host(getattr(without_stats(state), field)))[0],
                            jax.tree.leaves(host(getattr(plain_state, field)))[0])
 
-    # act normalizes with the statistics that params(state) hands it
-    params = jax.tree.map(lambda x: x[0, 1], trainer.policy(state))  # device 0, seed 1
-    net_params, obs_stats = params
+    # act normalizes with the statistics that policy(state) hands it
+    policy = jax.tree.map(lambda x: x[0, 1], trainer.policy(state))  # device 0, seed 1
+    net_params, obs_stats = policy
     chex.assert_trees_all_equal(net_params, jax.tree.map(lambda x: x[0, 1], getattr(without_stats(state), field)))
     chex.assert_trees_all_equal(obs_stats, jax.tree.map(lambda x: x[0, 1], state.obs_stats))
+    plain_policy = envs.Policy(params=net_params)
     key = jax.random.PRNGKey(0)
-    unnormalized = jax.tree.map(lambda x: x[0, 1], plain.policy(without_stats(state)))  # the same network, flag off
     for obs in some_observations(name, obs_stats):
-        np.testing.assert_array_equal(trainer.act(params, obs, key),
-                                      plain.act(unnormalized, normalize(name, obs_stats, obs), key))
+        np.testing.assert_array_equal(trainer.act(policy, obs, key),
+                                      plain.act(plain_policy, normalize(name, obs_stats, obs), key))
 
 
-@pytest.mark.parametrize("name", ["ppo_joint", "awr"])
-def test_flag_off_leaves_the_runner_state_as_it_was(name):
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_flag_off_holds_no_statistics(name):
+    """One state type: without the flag its `obs_stats` is None (no arrays, the same program); with it, the
+    statistics' arrays are the only ones added."""
     config, trainer, init, _ = compiled(name)
-    state = jax.eval_shape(init)
+    state, normalized = jax.eval_shape(init), jax.eval_shape(compiled(name, normalize_obs=True)[2])
     module = SCRIPTS[name][0]
-    assert type(state) is module.RunnerState and "obs_stats" not in module.RunnerState._fields
-    assert trainer.policy(state) is getattr(state, RUNNER_PARAMS[name])
-
-
-def test_flag_off_holds_no_statistics():
-    """skip_transformer: one state type, whose `obs_stats` is None without the flag (no arrays, the same program)."""
-    config, trainer, init, _ = compiled("skip_transformer")
-    state, normalized = jax.eval_shape(init), jax.eval_shape(compiled("skip_transformer", normalize_obs=True)[2])
-    assert type(state) is st.RunnerState and state.obs_stats is None
+    assert type(state) is type(normalized) is module.RunnerState and state.obs_stats is None
     assert len(jax.tree.leaves(normalized)) == len(jax.tree.leaves(state)) + len(envs.ObsStats._fields)
     policy = trainer.policy(state)
-    assert type(policy) is envs.Policy and policy.params is state.params and policy.obs_stats is None
+    assert type(policy) is envs.Policy and policy.obs_stats is None
+    assert policy.params is getattr(state, RUNNER_PARAMS[name])
 
 
 def test_two_devices_two_seeds():
@@ -264,7 +259,7 @@ def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
 
     # load_agent acts with them: the network of seed 1 on the observations normalized by hand
     act = checkpoints.load_agent(tmp_path / "whole", ppo_joint.Config, make, seed=1)
-    net_params = jax.tree.map(lambda x: x[0, 1], states[0].runner.params)
+    net_params = jax.tree.map(lambda x: x[0, 1], states[0].params)
     dist = ppo_joint.make_distribution(trainer.env.action_space(trainer.env_params))
     obs = some_observations("ppo_joint", stats)
     by_hand = [int(dist.mode(ppo_joint.network(net_params, envs.normalize_obs(stats, o), dist, "tanh")[0]))

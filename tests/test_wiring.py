@@ -147,9 +147,9 @@ def test_ppo_joint_epoch():
     state = c.state_after_warmup()
     before = first(state)
     rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
-    traj, stats, params = rollout.traj, before.obs_stats, before.runner.params
+    traj, stats, params = rollout.traj, before.obs_stats, before.params
     assert np.abs(stats.var - 1).max() > 0.1  # past the first epoch: the normalization is not the identity
-    _, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, before.runner.env_state.time, traj.obs,
+    _, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, before.env_state.time, traj.obs,
                                           traj.action, traj.reward, traj.done, traj.terminated, traj.final_obs)
 
     # targets: GAE in NumPy on the network's values of the normalized observations
@@ -168,8 +168,8 @@ def test_ppo_joint_epoch():
     # the update's loss: ppo_loss on the normalized observations (one full-batch step, from the params before it)
     log_prob = dist.log_prob(inputs, flat(traj.action))
     np.testing.assert_allclose(flat(traj.log_prob), log_prob, rtol=1e-5, atol=1e-5)
-    batch = ppo_joint.Batch(norm_obs, flat(traj.action), log_prob, flat(advantages).astype(jnp.float32),
-                            flat(targets).astype(jnp.float32))
+    batch = ppo_joint.Batch(obs=norm_obs, action=flat(traj.action), log_prob=log_prob,
+                            advantage=flat(advantages).astype(jnp.float32), target=flat(targets).astype(jnp.float32))
     _, want = ppo_joint.ppo_loss(params, batch, dist, config)
     metrics = first(metrics)
     for key in ("loss/joint", "loss/policy", "loss/value", "policy/entropy"):
@@ -195,7 +195,7 @@ def test_actor_critic_epoch():
     state = c.state_after_warmup()
     before = first(state)
     rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
-    traj, stats, runner = rollout.traj, before.obs_stats, before.runner
+    traj, stats, runner = rollout.traj, before.obs_stats, before
     assert np.abs(stats.var - 1).max() > 0.1
     _, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, runner.env_state.time, traj.obs,
                                           traj.action, traj.reward, traj.done, traj.terminated, traj.final_obs)
@@ -215,8 +215,9 @@ def test_actor_critic_epoch():
                                                                          config.activation)
     log_prob = dist.log_prob(inputs, flat(traj.action))
     np.testing.assert_allclose(flat(traj.log_prob), log_prob, rtol=1e-5, atol=1e-5)
-    batch = actor_critic.Batch(norm_obs, flat(traj.action), log_prob, flat(advantages).astype(jnp.float32),
-                               flat(targets).astype(jnp.float32))
+    batch = actor_critic.Batch(obs=norm_obs, action=flat(traj.action), log_prob=log_prob,
+                               advantage=flat(advantages).astype(jnp.float32),
+                               target=flat(targets).astype(jnp.float32))
     _, want = actor_critic.policy_loss(runner.policy_params, batch, dist, config)
     _, want_value = actor_critic.value_loss(runner.value_params, batch, config, 1.0)
     metrics = first(metrics)
