@@ -5,11 +5,9 @@ Scalable Off-Policy Reinforcement Learning", arXiv:1910.00177). Separate policy 
 with its own optimizer, batch size and number of steps per epoch; the last `--n-replay-epochs` epochs of
 transitions live in a ring buffer inside the compiled state. One epoch is one compiled function.
 
-Plain AWR: V(s) regresses on TD(lambda) returns G; the policy maximises sum w log pi(a|s) / sum 1 with
-w = min(exp(A / beta), w_max), A = G - V(s) normalized. Sampling AWR (--q-value): Q(s, a) regresses on
-TD(lambda) returns bootstrapped from an aggregate of Q over K actions drawn from the behaviour policy mu; the
-policy is weighted over those K actions by A_k = Q(s, a_k) - mean_k Q(s, a_k) (K at least the number of
-discrete actions: every action once, weighted by mu).
+Plain AWR: V(s) regresses on TD(lambda) returns G; the policy maximises mean w log pi(a|s) with
+w = min(exp(A / beta), w_max), A = G - V(s) standardized. Sampling AWR (--q-value): Q(s, a) regresses on
+returns bootstrapped from K actions of the behaviour policy mu, weighted by A_k = Q(s, a_k) - mean_k Q(s, a_k).
 
     python algos/awr.py                          # CartPole-v1
     python algos/awr.py --q-value --n-samples 4  # Sampling AWR
@@ -26,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import chex  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from common import cli, devices, envs, nets, run  # noqa: E402
@@ -126,11 +123,6 @@ def critic_net(params: dict, obs: jax.Array, action_code: jax.Array | None, acti
     return (nets.torso(params["torso"], x, activation) @ out["w"] + out["b"])[0]
 
 
-def action_code(dist, action: jax.Array) -> jax.Array:
-    """The critic's action input: one-hot for discrete actions, the flat action otherwise."""
-    return jax.nn.one_hot(action, dist.n) if dist.discrete else jnp.ravel(action).astype(jnp.float32)
-
-
 # Records ------------------------------------------------------------------------------------------------------
 class Transition(NamedTuple):
     obs: jax.Array
@@ -169,7 +161,7 @@ class Targets(NamedTuple):
     actions: jax.Array  # [N, K, ...] the taken action (plain AWR), or the K actions per state
     log_mu: jax.Array  # [N, K] log mu(a_k|s) (plain AWR: 0)
     q: jax.Array  # [N, K] Q(s, a_k) (plain AWR: V(s))
-    advantages: jax.Array  # [N, K] G - V(s) or Q(s, a_k) - V(s), standardized unless --no-normalize-advantages
+    advantages: jax.Array  # [N, K] G - V(s) or Q(s, a_k) - V(s), standardized (unless --no-normalize-advantages)
     advantage_mean: jax.Array  # [] before standardizing, over the valid rows of every device
     advantage_std: jax.Array  # []
     weights: jax.Array  # [N, K] min(exp(A / beta), w_max)
@@ -177,15 +169,14 @@ class Targets(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """An epoch before its policy update: the runner (this epoch in the replay, the critic updated) and what
-    the policy update trains on."""
+    """An epoch before its policy update: the runner (this epoch stored, the critic updated) and what follows."""
 
     runner: RunnerState
     traj: Transition  # [T, B, ...] this epoch's steps as collected (raw observations)
     rows: Transition  # [N, ...] the replay, observations normalized with the current statistics
     returns: jax.Array  # [N] what the critic regressed on: the returns of the critic before its update
     targets: Targets  # the policy's: from the critic just updated (plain AWR) or the target copy (Sampling AWR)
-    critic_metrics: dict  # per critic step
+    critic_metrics: dict  # per critic step: loss/value, optim/value_grad_norm
     policy_key: jax.Array
 
 
@@ -193,11 +184,10 @@ class Rollout(NamedTuple):
 def td_lambda(rewards, next_values, terminated, dones, gamma: float, lam: float):
     """TD(lambda) returns over time-major `[T, B]` arrays.
 
-    G_t = r_t + gamma_t * ((1 - lam_t) * V(s'_t) + lam_t * G_{t+1}), with
-    gamma_t = gamma * (1 - terminated_t), lam_t = lam * (1 - done_t), and s'_t the
-    observation after step t before any reset (a truncated episode bootstraps
-    from it). The last step bootstraps fully: G_T = V(s'_{T-1}).
-    lam = 1 is the Monte-Carlo return within the rollout, lam = 0 is TD(0).
+    G_t = r_t + gamma_t * ((1 - lam_t) * V(s'_t) + lam_t * G_{t+1}), with gamma_t = gamma * (1 - terminated_t),
+    lam_t = lam * (1 - done_t), and s'_t the observation after step t before any reset (a truncated episode
+    bootstraps from it). The last step bootstraps fully: G_T = V(s'_{T-1}). lam = 1 is the Monte-Carlo return
+    within the rollout, lam = 0 is TD(0).
     """
     chex.assert_rank(rewards, 2)
     chex.assert_equal_shape([rewards, next_values, terminated, dones])
@@ -221,8 +211,7 @@ def awr_weights(advantages, beta: float, w_max: float):
 def q_scale(q, valid, normalization: str):
     """std(Q) or mean|Q - mean Q| (+ 1e-5) over the `valid` rows of `q` `[N, K]` on every device; 1 for none.
 
-    Rows of replay slots not yet filled are left out; the moments are merged over `devices.DEVICE_AXIS`
-    from sums, so every device scales by the same number.
+    Rows of replay slots not yet filled are left out; every device scales by the same number (merged sums).
     """
     chex.assert_rank([q, valid], [2, 1])
     if normalization == "none":
@@ -258,10 +247,10 @@ def aggregate_q(q, log_mu, how: str, temperature: float, enumerated: bool, scale
 
 
 def sample_actions(dist, inputs, key, n_samples: int, enumerate_all: bool):
-    """K actions per state from mu = dist(inputs `[N, n_inputs]`) and their log mu: `[N, K, ...]`, `[N, K]`."""
+    """K actions per state from mu = dist(inputs `[N, n_inputs]`) and their log mu: `[N, K, ...]`, `[N, K]`.
+    `enumerate_all`: every discrete action once, a_k = k."""
     chex.assert_rank(inputs, 2)
     inputs = jnp.broadcast_to(inputs[:, None], (inputs.shape[0], n_samples, inputs.shape[1]))
-    # enumerated: every discrete action once, a_k = k
     actions = jnp.broadcast_to(jnp.arange(n_samples), inputs.shape[:2]) if enumerate_all else dist.sample(inputs, key)
     return actions, dist.log_prob(inputs, actions)
 
@@ -298,21 +287,19 @@ def make_trainer(config: Config) -> run.Trainer:
                 f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
     layout = devices.layout(config)
     B, T, capacity, K = layout.envs_per_device, config.num_steps, config.n_replay_epochs, config.n_samples
-    cli.require(not config.q_value or K > 1 or (dist.discrete and dist.n == 1),
-                "--q-value with --n-samples 1 learns nothing: every advantage Q(s, a_1) - mean_k Q(s, a_k) is 0; "
-                "use --n-samples 2 or more" + (f" ({dist.n} enumerates every action of {config.env})"
-                                               if dist.discrete else ""))
+    cli.require(not config.q_value or K > 1 or (dist.discrete and dist.n == 1), "--q-value with --n-samples 1 "
+                "learns nothing: every advantage Q(s, a_1) - mean_k Q(s, a_k) is 0; use --n-samples 2 or more"
+                + (f" ({dist.n} enumerates every action of {config.env})" if dist.discrete else ""))
     n_rows = capacity * layout.rollout_size  # N = m T B rows of one device's replay: its batches are drawn there
     for name in ("policy_batch_size", "value_batch_size"):
-        cli.require(getattr(config, name) <= n_rows, f"{cli.flag_name(name)} {getattr(config, name)} is larger than "
-                    f"the replay: {capacity} epochs x {B} envs x {T} steps = {n_rows} transitions per device; "
-                    f"use at most {n_rows}")
+        cli.require(getattr(config, name) <= n_rows, f"{cli.flag_name(name)} {getattr(config, name)} is larger than"
+                    f" the replay: {capacity} epochs x {B} envs x {T} steps = {n_rows} transitions per device; use "
+                    f"at most {n_rows}")
     # K >= A discrete actions: every action once, weighted by mu(a|s) -- the expectation that K samples only
     # estimate. Sampled, a near-deterministic mu gives K copies of one action, every A_k = 0, and the policy
     # can never leave it (CartPole, K = 4: 2 of 32 seeds stuck at return 9; enumerated: 0 of 40).
     enumerate_all = config.q_value and dist.discrete and K >= dist.n
     K = dist.n if enumerate_all else K
-    obs_dim = int(np.prod(env.observation_space(env_params).shape))
     code_dim = (dist.n if dist.discrete else dist.d) if config.q_value else 0  # Q(s, a): the action's input
 
     def optimizer(lr: float, schedule: str, n_steps: int):
@@ -324,20 +311,21 @@ def make_trainer(config: Config) -> run.Trainer:
     critic_tx = optimizer(config.value_lr, config.value_lr_schedule, config.value_steps)
     pi = lambda params, obs: jax.vmap(policy_net, (None, 0, None, None))(params, obs, dist, config.activation)  # noqa
 
-    def critic(params, obs, actions=None):  # [N, ...] (and [N, K, ...]) -> [N] (or [N, K])
+    def critic(params, obs, actions=None):  # [N, ...] -> V [N]; with actions [N, K, ...] (one-hot if discrete) Q [N, K]
         if actions is None:
             return jax.vmap(critic_net, (None, 0, None, None))(params, obs, None, config.activation)
-        q_one = lambda o, a: critic_net(params, o, action_code(dist, a), config.activation)  # noqa: E731
+        code = lambda a: jax.nn.one_hot(a, dist.n) if dist.discrete else jnp.ravel(a).astype(jnp.float32)  # noqa
+        q_one = lambda o, a: critic_net(params, o, code(a), config.activation)  # noqa: E731
         return jax.vmap(jax.vmap(q_one, (None, 0)))(obs, actions)
 
     def init(key):
         policy_key, head_key, critic_key, out_key, env_key = jax.random.split(key, 5)  # same on every device
-        torso = lambda key, n_in: nets.torso_init(jax.random.split(key, len(config.hidden)), n_in, config.hidden)  # noqa
-        policy = {"torso": torso(policy_key, obs_dim), "head": dist.head_init(head_key, config.hidden[-1])}
-        critic_params = {"torso": torso(critic_key, obs_dim + code_dim),
-                         "out": nets.dense_init(out_key, config.hidden[-1], 1, 1.0)}
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, B)
+        torso = lambda key, n_in: nets.torso_init(jax.random.split(key, len(config.hidden)), n_in, config.hidden)  # noqa
+        policy = {"torso": torso(policy_key, obs[0].size), "head": dist.head_init(head_key, config.hidden[-1])}
+        critic_params = {"torso": torso(critic_key, obs[0].size + code_dim),
+                         "out": nets.dense_init(out_key, config.hidden[-1], 1, 1.0)}
         state = RunnerState(policy=policy, critic=critic_params, policy_opt=policy_tx.init(policy),
                             critic_opt=critic_tx.init(critic_params), replay=None, env_state=env_state, obs=obs,
                             stats=envs.init_episode_stats(B), key=run_key,
@@ -382,7 +370,6 @@ def make_trainer(config: Config) -> run.Trainer:
             *(x.reshape((capacity, T, B)) for x in (rows.reward, next_values, rows.terminated, rows.done)),
             config.gamma, config.td_lambda).reshape(-1)
         advantages = q - values[:, None] if config.q_value else (returns - values)[:, None]
-        # Standardized over the valid rows of every device.
         mean = jax.lax.pmean(masked_mean(advantages, valid), devices.DEVICE_AXIS)
         var = jax.lax.pmean(masked_mean((advantages - mean) ** 2, valid), devices.DEVICE_AXIS)
         if not config.no_normalize_advantages:
@@ -392,15 +379,16 @@ def make_trainer(config: Config) -> run.Trainer:
                        weights=awr_weights(advantages, config.beta, config.w_max),
                        mask=jnp.exp(log_mu) if enumerate_all else jnp.ones_like(log_mu))
 
-    def minibatch_steps(loss_fn, tx, params, opt_state, key, n_steps: int, batch_size: int, n_valid):
-        """n_steps Adam steps on `batch_size` rows drawn from the first n_valid, gradients averaged over devices."""
+    def minibatch_steps(name: str, loss_fn, tx, params, opt_state, key, n_steps: int, batch_size: int, n_valid):
+        """n_steps Adam steps on batch_size rows drawn from the first n_valid, gradients averaged over devices."""
         def step(carry, key):
             params, opt_state = carry
             idx = jax.random.randint(key, (batch_size,), 0, n_valid)
             (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, idx)
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
             updates, opt_state = tx.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), {**aux, "grad_norm": optax.tree.norm(grads)}
+            grad_norm = {f"optim/{name}_grad_norm": optax.tree.norm(grads)}
+            return (optax.apply_updates(params, updates), opt_state), {**aux, **grad_norm}
         return jax.lax.scan(step, (params, opt_state), jax.random.split(key, n_steps))
 
     def rollout(state: RunnerState) -> Rollout:
@@ -431,7 +419,7 @@ def make_trainer(config: Config) -> run.Trainer:
             return loss, {"loss/value": loss}
 
         (critic_params, critic_opt), critic_metrics = minibatch_steps(
-            critic_loss, critic_tx, state.critic, state.critic_opt, critic_key, config.value_steps,
+            "value", critic_loss, critic_tx, state.critic, state.critic_opt, critic_key, config.value_steps,
             config.value_batch_size, n_valid)
         # Plain AWR's policy weighs A = G - V of the critic just updated; Sampling AWR's the target copy's A_k.
         policy_targets = targets if config.q_value else targets_and_samples(critic_params, rows, valid, target_key)
@@ -447,15 +435,12 @@ def make_trainer(config: Config) -> run.Trainer:
         # POLICY: weighted log-likelihood of the K actions per state.
         batch = lambda idx: (r.rows.obs[idx], t.actions[idx], t.weights[idx], t.mask[idx], t.log_mu[idx])  # noqa
         (policy, policy_opt), policy_metrics = minibatch_steps(
-            lambda p, idx: policy_loss(p, *batch(idx), dist, config), policy_tx, state.policy, state.policy_opt,
-            r.policy_key, config.policy_steps, config.policy_batch_size, n_valid)
+            "policy", lambda p, idx: policy_loss(p, *batch(idx), dist, config), policy_tx, state.policy,
+            state.policy_opt, r.policy_key, config.policy_steps, config.policy_batch_size, n_valid)
 
         # METRICS: scalar means over the valid replay of every device (awr/weight_max: the maximum).
-        metrics = {k: jnp.mean(v) for k, v in policy_metrics.items() if k != "grad_norm"}
+        metrics = {k: jnp.mean(v) for k, v in {**policy_metrics, **r.critic_metrics}.items()}  # over the steps
         metrics.update({
-            "loss/value": jnp.mean(r.critic_metrics["loss/value"]),
-            "optim/policy_grad_norm": jnp.mean(policy_metrics["grad_norm"]),
-            "optim/value_grad_norm": jnp.mean(r.critic_metrics["grad_norm"]),
             "awr/advantage_mean": t.advantage_mean,
             "awr/advantage_std": t.advantage_std,
             "awr/weight_mean": masked_mean(t.weights, valid),
