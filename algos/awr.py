@@ -6,8 +6,8 @@ with its own optimizer, batch size and number of steps per epoch; the last `--n-
 transitions live in a ring buffer inside the compiled state. One epoch is one compiled function.
 
 Plain AWR: V(s) regresses on TD(lambda) returns G; the policy maximises mean w log pi(a|s) with
-w = min(exp(A / beta), w_max), A = G - V(s) standardized. Sampling AWR (--q-value): Q(s, a) regresses on
-returns bootstrapped from K actions of the behaviour policy mu, weighted by A_k = Q(s, a_k) - mean_k Q(s, a_k).
+w = min(exp(A / beta), w_max), A = G - V(s) standardized. Sampling AWR (--q-value): Q(s, a) regresses on returns
+bootstrapped from K actions of the behaviour policy mu; the policy weighs them by A_k = Q(s, a_k) - mean_k Q(s, a_k).
 
     python algos/awr.py                          # CartPole-v1
     python algos/awr.py --q-value --n-samples 4  # Sampling AWR
@@ -93,15 +93,13 @@ class Config(cli.RunConfig):
         super().__post_init__()
         for name in ("num_envs", "num_steps", "policy_batch_size", "policy_steps", "value_batch_size", "value_steps"):
             cli.require(getattr(self, name) >= 1, f"{cli.flag_name(name)} must be at least 1")
-        cli.require(self.n_replay_epochs >= 1, f"--n-replay-epochs {self.n_replay_epochs}: the replay "
-                    "must hold at least one epoch; use 1 or more")
+        cli.require(self.n_replay_epochs >= 1, f"--n-replay-epochs {self.n_replay_epochs}: keep at least one epoch")
         cli.require(self.n_samples >= 1, f"--n-samples {self.n_samples}: use at least 1")
         cli.require(self.q_value or self.n_samples == 1,
                     f"--n-samples {self.n_samples} needs --q-value (plain AWR weights the taken action only)")
-        for flag, changed in (("--reweight", self.reweight), ("--q-aggregate", self.q_aggregate != "mean"),
-                              ("--q-temperature", self.q_temperature != 1.0),
-                              ("--q-normalization", self.q_normalization != "none")):
-            cli.require(self.q_value or not changed, f"{flag} applies to Sampling AWR: add --q-value")
+        for name in ("reweight", "q_aggregate", "q_temperature", "q_normalization"):  # Sampling AWR's own flags
+            cli.require(self.q_value or getattr(self, name) == getattr(Config, name),
+                        f"{cli.flag_name(name)} applies to Sampling AWR: add --q-value")
         cli.require(self.q_temperature > 0, f"--q-temperature {self.q_temperature}: use a positive value")
         cli.require(self.beta > 0 and self.w_max > 0, "--beta and --w-max must be positive")
         cli.require(min(self.policy_lr, self.value_lr) > 0, "--policy-lr and --value-lr must be positive")
@@ -110,7 +108,6 @@ class Config(cli.RunConfig):
         cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
 
 
-# Networks: plain functions over parameter pytrees (layers from common/nets.py) ------------------------------
 def policy_net(params: dict, obs: jax.Array, dist, activation: nets.Activation) -> jax.Array:
     """One observation -> distribution inputs [n_inputs]."""
     return dist.policy_head(params["head"], nets.torso(params["torso"], obs, activation))
@@ -123,7 +120,6 @@ def critic_net(params: dict, obs: jax.Array, action_code: jax.Array | None, acti
     return (nets.torso(params["torso"], x, activation) @ out["w"] + out["b"])[0]
 
 
-# Records ------------------------------------------------------------------------------------------------------
 class Transition(NamedTuple):
     obs: jax.Array
     action: jax.Array
@@ -132,7 +128,7 @@ class Transition(NamedTuple):
     done: jax.Array  # terminated or truncated: the lambda-trace stops
     final_obs: jax.Array  # s_{t+1} before any reset (bootstraps truncated episodes)
     inputs: jax.Array  # behaviour policy mu(.|s_t): distribution inputs at collection
-    next_inputs: jax.Array  # mu(.|s_{t+1}) at final_obs, for the Q bootstrap's samples
+    next_inputs: jax.Array  # mu(.|s_{t+1}) at final_obs, for the Q bootstrap's samples (set after COLLECT's scan)
 
 
 class Replay(NamedTuple):
@@ -162,10 +158,9 @@ class Targets(NamedTuple):
     log_mu: jax.Array  # [N, K] log mu(a_k|s) (plain AWR: 0)
     q: jax.Array  # [N, K] Q(s, a_k) (plain AWR: V(s))
     advantages: jax.Array  # [N, K] G - V(s) or Q(s, a_k) - V(s), standardized (unless --no-normalize-advantages)
-    advantage_mean: jax.Array  # [] before standardizing, over the valid rows of every device
-    advantage_std: jax.Array  # []
     weights: jax.Array  # [N, K] min(exp(A / beta), w_max)
     mask: jax.Array  # [N, K] m_k: mu(a_k|s) when every action is enumerated, else 1
+    metrics: dict  # awr/* and q/mean over the valid rows of every device (awr/weight_max: their maximum)
 
 
 class Rollout(NamedTuple):
@@ -180,7 +175,6 @@ class Rollout(NamedTuple):
     policy_key: jax.Array
 
 
-# Pure math ----------------------------------------------------------------------------------------------------
 def td_lambda(rewards, next_values, terminated, dones, gamma: float, lam: float):
     """TD(lambda) returns over time-major `[T, B]` arrays.
 
@@ -217,9 +211,8 @@ def q_scale(q, valid, normalization: str):
     if normalization == "none":
         return 1.0
     psum = lambda x: jax.lax.psum(jnp.sum(x), devices.DEVICE_AXIS)  # noqa: E731
-    rows = valid[:, None]
     count = psum(valid.astype(jnp.float32)) * q.shape[1]
-    deviation = jnp.where(rows, q - psum(jnp.where(rows, q, 0.0)) / count, 0.0)
+    deviation = jnp.where(valid[:, None], q - psum(jnp.where(valid[:, None], q, 0.0)) / count, 0.0)
     if normalization == "std":
         return jnp.sqrt(psum(deviation ** 2) / count) + 1e-5
     return psum(jnp.abs(deviation)) / count + 1e-5
@@ -279,7 +272,6 @@ def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Confi
     return loss, {"loss/policy": loss, "policy/entropy": entropy, "policy/log_prob_mean": jnp.mean(log_pi)}
 
 
-# Training ---------------------------------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
@@ -295,12 +287,11 @@ def make_trainer(config: Config) -> run.Trainer:
         cli.require(getattr(config, name) <= n_rows, f"{cli.flag_name(name)} {getattr(config, name)} is larger than"
                     f" the replay: {capacity} epochs x {B} envs x {T} steps = {n_rows} transitions per device; use "
                     f"at most {n_rows}")
-    # K >= A discrete actions: every action once, weighted by mu(a|s) -- the expectation that K samples only
-    # estimate. Sampled, a near-deterministic mu gives K copies of one action, every A_k = 0, and the policy
-    # can never leave it (CartPole, K = 4: 2 of 32 seeds stuck at return 9; enumerated: 0 of 40).
+    # K >= A discrete actions: each once, weighted by mu(a|s), what K samples only estimate. Sampled, a near-
+    # deterministic mu gives K copies of one action, every A_k = 0, and the policy can never leave it
+    # (CartPole, K = 4: 2 of 32 seeds stuck at return 9; enumerated: 0 of 40).
     enumerate_all = config.q_value and dist.discrete and K >= dist.n
     K = dist.n if enumerate_all else K
-    code_dim = (dist.n if dist.discrete else dist.d) if config.q_value else 0  # Q(s, a): the action's input
 
     def optimizer(lr: float, schedule: str, n_steps: int):
         lr = optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps) if schedule == "linear" else lr
@@ -322,8 +313,9 @@ def make_trainer(config: Config) -> run.Trainer:
         policy_key, head_key, critic_key, out_key, env_key = jax.random.split(key, 5)  # same on every device
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, B)
-        torso = lambda key, n_in: nets.torso_init(jax.random.split(key, len(config.hidden)), n_in, config.hidden)  # noqa
+        torso = lambda k, n_in: nets.torso_init(jax.random.split(k, len(config.hidden)), n_in, config.hidden)  # noqa
         policy = {"torso": torso(policy_key, obs[0].size), "head": dist.head_init(head_key, config.hidden[-1])}
+        code_dim = (dist.n if dist.discrete else dist.d) if config.q_value else 0  # Q(s, a): the action's input
         critic_params = {"torso": torso(critic_key, obs[0].size + code_dim),
                          "out": nets.dense_init(out_key, config.hidden[-1], 1, 1.0)}
         state = RunnerState(policy=policy, critic=critic_params, policy_opt=policy_tx.init(policy),
@@ -342,8 +334,7 @@ def make_trainer(config: Config) -> run.Trainer:
             jax.random.split(step_key, B), state.env_state, dist.clip_action(action), env_params)
         done = jnp.logical_or(terminated, truncated)
         transition = Transition(obs=state.obs, action=action, reward=reward, terminated=terminated, done=done,
-                                final_obs=info["final_observation"], inputs=inputs,
-                                next_inputs=inputs)  # next_inputs: set after the scan, batched
+                                final_obs=info["final_observation"], inputs=inputs, next_inputs=inputs)
         stats = envs.update_episode_stats(state.stats, reward, done)
         return state._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
 
@@ -351,7 +342,7 @@ def make_trainer(config: Config) -> run.Trainer:
         mask = valid[:, None].astype(jnp.float32)
         return jnp.sum(x * mask) / jnp.sum(mask) / K
 
-    def targets_and_samples(critic_params, rows: Transition, valid, key) -> Targets:
+    def targets_of(critic_params, rows: Transition, valid, key) -> Targets:
         """What the critic `critic_params` makes of the replay `rows` `[N, ...]` (`valid` `[N]`: those holding data)."""
         if config.q_value:
             key, next_key = jax.random.split(key)
@@ -374,47 +365,49 @@ def make_trainer(config: Config) -> run.Trainer:
         var = jax.lax.pmean(masked_mean((advantages - mean) ** 2, valid), devices.DEVICE_AXIS)
         if not config.no_normalize_advantages:
             advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
-        return Targets(returns=returns, actions=actions, log_mu=log_mu, q=q, advantages=advantages,
-                       advantage_mean=mean, advantage_std=jnp.sqrt(var),
-                       weights=awr_weights(advantages, config.beta, config.w_max),
-                       mask=jnp.exp(log_mu) if enumerate_all else jnp.ones_like(log_mu))
+        weights = awr_weights(advantages, config.beta, config.w_max)
+        metrics = {"awr/advantage_mean": mean, "awr/advantage_std": jnp.sqrt(var),  # before standardizing
+                   "awr/weight_mean": masked_mean(weights, valid),
+                   "awr/weight_max": jax.lax.pmax(jnp.max(jnp.where(valid[:, None], weights, 0.0)),
+                                                  devices.DEVICE_AXIS),
+                   "awr/weight_clipped_fraction": masked_mean(advantages / config.beta >= jnp.log(config.w_max), valid),
+                   **({"q/mean": masked_mean(q, valid)} if config.q_value else {})}
+        return Targets(returns=returns, actions=actions, log_mu=log_mu, q=q, advantages=advantages, weights=weights,
+                       mask=jnp.exp(log_mu) if enumerate_all else jnp.ones_like(log_mu), metrics=metrics)
 
-    def minibatch_steps(name: str, loss_fn, tx, params, opt_state, key, n_steps: int, batch_size: int, n_valid):
+    def minibatch_steps(net: str, loss_fn, tx, params, opt_state, key, n_steps: int, batch_size: int, n_valid):
         """n_steps Adam steps on batch_size rows drawn from the first n_valid, gradients averaged over devices."""
         def step(carry, key):
             params, opt_state = carry
             idx = jax.random.randint(key, (batch_size,), 0, n_valid)
-            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, idx)
+            (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, idx)
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
             updates, opt_state = tx.update(grads, opt_state, params)
-            grad_norm = {f"optim/{name}_grad_norm": optax.tree.norm(grads)}
-            return (optax.apply_updates(params, updates), opt_state), {**aux, **grad_norm}
+            metrics = {**aux, f"optim/{net}_grad_norm": optax.tree.norm(grads)}
+            return (optax.apply_updates(params, updates), opt_state), metrics
         return jax.lax.scan(step, (params, opt_state), jax.random.split(key, n_steps))
 
     def rollout(state: RunnerState) -> Rollout:
+        norm = lambda obs: envs.normalize_obs(state.obs_stats, obs)  # noqa: E731  (--normalize-obs off: the identity)
         # COLLECT: T steps of B environments under the current policy (the behaviour policy mu).
         state, traj = jax.lax.scan(env_step, state._replace(stats=envs.reset_epoch_stats(state.stats)), None, T)
         if config.q_value:  # mu(.|s'_t): the policy is fixed during the rollout, so one batched call
-            traj = traj._replace(next_inputs=jax.vmap(pi, (None, 0))(
-                state.policy, envs.normalize_obs(state.obs_stats, traj.final_obs)))
+            traj = traj._replace(next_inputs=jax.vmap(pi, (None, 0))(state.policy, norm(traj.final_obs)))
 
-        # STORE: the epoch overwrites the oldest slot (raw observations: every stored epoch is normalized with
-        # the current statistics). Minibatches draw from the first n_valid rows: the slots past `filled` are empty.
+        # STORE: the epoch overwrites the oldest slot; minibatches draw from the first n_valid rows (the rest is empty).
         state = state._replace(replay=replay_push(state.replay, traj))
         rows = jax.tree.map(lambda x: x.reshape((n_rows,) + x.shape[3:]), state.replay.data)  # [N, ...]
-        norm = lambda obs: envs.normalize_obs(state.obs_stats, obs)  # noqa: E731  (off: the identity)
         rows = rows._replace(obs=norm(rows.obs), final_obs=norm(rows.final_obs))
         n_valid = state.replay.filled * layout.rollout_size
         valid = jnp.arange(n_rows) < n_valid
         key, target_key, critic_key, policy_key = jax.random.split(state.key, 4)
 
         # TARGETS: TD(lambda) over every stored epoch with the critic as it is now (Sampling AWR: the target copy).
-        targets = targets_and_samples(state.critic, rows, valid, target_key)
+        targets = targets_of(state.critic, rows, valid, target_key)
 
         # CRITIC: L2 regression of V(s_t), or Q(s_t, a_t) on the taken action, on the returns.
         def critic_loss(params, idx):
-            obs, taken = rows.obs[idx], rows.action[idx][:, None]
-            pred = critic(params, obs, taken)[:, 0] if config.q_value else critic(params, obs)
+            pred = critic(params, rows.obs[idx], rows.action[idx][:, None] if config.q_value else None).reshape(-1)
             loss = jnp.mean((pred - targets.returns[idx]) ** 2)
             return loss, {"loss/value": loss}
 
@@ -422,15 +415,13 @@ def make_trainer(config: Config) -> run.Trainer:
             "value", critic_loss, critic_tx, state.critic, state.critic_opt, critic_key, config.value_steps,
             config.value_batch_size, n_valid)
         # Plain AWR's policy weighs A = G - V of the critic just updated; Sampling AWR's the target copy's A_k.
-        policy_targets = targets if config.q_value else targets_and_samples(critic_params, rows, valid, target_key)
         return Rollout(runner=state._replace(critic=critic_params, critic_opt=critic_opt, key=key), traj=traj,
-                       rows=rows, returns=targets.returns, targets=policy_targets, critic_metrics=critic_metrics,
-                       policy_key=policy_key)
+                       rows=rows, returns=targets.returns, critic_metrics=critic_metrics, policy_key=policy_key,
+                       targets=targets if config.q_value else targets_of(critic_params, rows, valid, target_key))
 
     def epoch(state: RunnerState):
         r = rollout(state)  # COLLECT, STORE, TARGETS, CRITIC
         state, t, n_valid = r.runner, r.targets, r.runner.replay.filled * layout.rollout_size
-        valid = jnp.arange(n_rows) < n_valid
 
         # POLICY: weighted log-likelihood of the K actions per state.
         batch = lambda idx: (r.rows.obs[idx], t.actions[idx], t.weights[idx], t.mask[idx], t.log_mu[idx])  # noqa
@@ -438,26 +429,15 @@ def make_trainer(config: Config) -> run.Trainer:
             "policy", lambda p, idx: policy_loss(p, *batch(idx), dist, config), policy_tx, state.policy,
             state.policy_opt, r.policy_key, config.policy_steps, config.policy_batch_size, n_valid)
 
-        # METRICS: scalar means over the valid replay of every device (awr/weight_max: the maximum).
-        metrics = {k: jnp.mean(v) for k, v in {**policy_metrics, **r.critic_metrics}.items()}  # over the steps
-        metrics.update({
-            "awr/advantage_mean": t.advantage_mean,
-            "awr/advantage_std": t.advantage_std,
-            "awr/weight_mean": masked_mean(t.weights, valid),
-            "awr/weight_max": jax.lax.pmax(jnp.max(jnp.where(valid[:, None], t.weights, 0.0)), devices.DEVICE_AXIS),
-            "awr/weight_clipped_fraction": masked_mean(t.advantages / config.beta >= jnp.log(config.w_max), valid),
-            "replay/size": (n_valid * layout.n_devices).astype(jnp.float32),  # transitions stored, all devices
-        })
-        if config.q_value:
-            metrics["q/mean"] = masked_mean(t.q, valid)
-        metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
+        # METRICS: scalar means over the update steps, the targets' statistics, the transitions stored (all devices).
+        metrics = {k: jnp.mean(v) for k, v in {**policy_metrics, **r.critic_metrics}.items()}
+        size = (n_valid * layout.n_devices).astype(jnp.float32)
+        metrics = jax.lax.pmean({**metrics, **t.metrics, "replay/size": size}, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(state.stats, devices.DEVICE_AXIS))
-        # --normalize-obs: this epoch's observations, every device's, join the statistics
         obs_stats = envs.update_obs_stats(state.obs_stats, r.traj.obs) if config.normalize_obs else None
         return state._replace(policy=policy, policy_opt=policy_opt, obs_stats=obs_stats), metrics
 
-    def act(policy: envs.Policy, obs, key):
-        del key  # greedy
+    def act(policy: envs.Policy, obs, key):  # greedy: no key needed
         inputs = policy_net(policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation)
         return dist.clip_action(dist.mode(inputs))
 

@@ -451,8 +451,8 @@ def check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean
         np.testing.assert_allclose(t.advantages[d][:n_valid], advantages[d][:n_valid], rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(t.weights[d][:n_valid], weights[d][:n_valid], rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(t.mask[d][:n_valid], mask[d][:n_valid], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(t.advantage_mean[0], mean, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(t.advantage_std[0], std, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(t.metrics["awr/advantage_mean"][0], mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(t.metrics["awr/advantage_std"][0], std, rtol=1e-4, atol=1e-5)
     assert np.isclose(np.concatenate([w[:n_valid] for w in weights]), w_max).any()  # some weights clip
 
 
@@ -499,7 +499,8 @@ def test_awr_epoch():
     advantages, weights, mean, std = np_weights(config, advantages, n_valid)
     mask = [np.ones((N, 1))] * config.n_devices
     check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std, config.w_max)
-    np.testing.assert_array_equal(devices_of(rollout).targets.actions, np.stack([row["action"][:, None] for row in rows]))
+    np.testing.assert_array_equal(devices_of(rollout).targets.actions,
+                                  np.stack([row["action"][:, None] for row in rows]))
     check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid)
 
 
