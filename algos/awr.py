@@ -309,6 +309,18 @@ def make_trainer(config: Config) -> run.Trainer:
         q_one = lambda o, a: critic_net(params, o, code(a), config.activation)  # noqa: E731
         return jax.vmap(jax.vmap(q_one, (None, 0)))(obs, actions)
 
+    def env_step(state: RunnerState, _):
+        key, act_key, step_key = jax.random.split(state.key, 3)
+        inputs = pi(state.policy, envs.normalize_obs(state.obs_stats, state.obs))
+        action = dist.sample(inputs, act_key)
+        obs, env_state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
+            jax.random.split(step_key, B), state.env_state, dist.clip_action(action), env_params)
+        done = jnp.logical_or(terminated, truncated)
+        transition = Transition(obs=state.obs, action=action, reward=reward, terminated=terminated, done=done,
+                                final_obs=info["final_observation"], inputs=inputs, next_inputs=inputs)
+        stats = envs.update_episode_stats(state.stats, reward, done)
+        return state._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
+
     def init(key):
         policy_key, head_key, critic_key, out_key, env_key = jax.random.split(key, 5)  # same on every device
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
@@ -325,18 +337,6 @@ def make_trainer(config: Config) -> run.Trainer:
         step = jax.eval_shape(env_step, state, None)[1]  # the Transition one step records: [B, ...]
         slots = jax.tree.map(lambda x: jnp.zeros((capacity, T) + x.shape, x.dtype), step)
         return state._replace(replay=Replay(data=slots, position=jnp.int32(0), filled=jnp.int32(0)))
-
-    def env_step(state: RunnerState, _):
-        key, act_key, step_key = jax.random.split(state.key, 3)
-        inputs = pi(state.policy, envs.normalize_obs(state.obs_stats, state.obs))
-        action = dist.sample(inputs, act_key)
-        obs, env_state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
-            jax.random.split(step_key, B), state.env_state, dist.clip_action(action), env_params)
-        done = jnp.logical_or(terminated, truncated)
-        transition = Transition(obs=state.obs, action=action, reward=reward, terminated=terminated, done=done,
-                                final_obs=info["final_observation"], inputs=inputs, next_inputs=inputs)
-        stats = envs.update_episode_stats(state.stats, reward, done)
-        return state._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
 
     def masked_mean(x, valid):  # over the valid rows of an [N, K] array
         mask = valid[:, None].astype(jnp.float32)
