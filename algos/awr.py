@@ -1,19 +1,13 @@
 """Advantage-Weighted Regression, and Sampling AWR with a Q-value critic.
 
-Trax's `AWR` and `SamplingAWR` trainers (Peng et al. 2019, "Advantage-Weighted
-Regression: Simple and Scalable Off-Policy Reinforcement Learning",
-arXiv:1910.00177). Separate policy and critic networks, each with its own
-optimizer, batch size and number of steps per epoch; the last
-`--n-replay-epochs` epochs of transitions live in a ring buffer inside the
-compiled state. One epoch -- rollout, store, TD(lambda) targets, critic and
-policy updates -- is one compiled function.
+Trax's `AWR` and `SamplingAWR` trainers (Peng et al. 2019, "Advantage-Weighted Regression: Simple and
+Scalable Off-Policy Reinforcement Learning", arXiv:1910.00177). Separate policy and critic networks, each
+with its own optimizer, batch size and number of steps per epoch; the last `--n-replay-epochs` epochs of
+transitions live in a ring buffer inside the compiled state. One epoch is one compiled function.
 
-Plain AWR: V(s) regresses on TD(lambda) returns G; A = G - V(s), normalized;
-the policy maximises  sum w log pi(a|s) / sum 1  with  w = min(exp(A / beta), w_max).
-Sampling AWR (--q-value): Q(s, a) regresses on TD(lambda) returns bootstrapped
-from an aggregate of Q over K actions drawn from the behaviour policy; the
-policy is weighted over those K actions with A_k = Q(s, a_k) - mean_k Q(s, a_k)
-(with K at least the number of discrete actions: every action once, weighted by mu).
+Plain AWR: V(s) regresses on TD(lambda) returns G; the policy maximises mean w log pi(a|s) with
+w = min(exp(A / beta), w_max), A = G - V(s) standardized. Sampling AWR (--q-value): Q(s, a) regresses on returns
+bootstrapped from K actions of the behaviour policy mu; the policy weighs them by A_k = Q(s, a_k) - mean_k Q(s, a_k).
 
     python algos/awr.py                          # CartPole-v1
     python algos/awr.py --q-value --n-samples 4  # Sampling AWR
@@ -30,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import chex  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from common import cli, devices, envs, nets, run  # noqa: E402
@@ -78,8 +71,7 @@ class Config(cli.RunConfig):
     q_value: bool = False
     """Sampling AWR: a Q(s, a) critic and K sampled actions per state"""
     n_samples: int = 1
-    """K actions per state (with --q-value); K at least the number of discrete actions enumerates each once,
-    weighted by the behaviour policy"""
+    """K actions per state (with --q-value); at least the number of discrete actions: each once, weighted by mu"""
     q_aggregate: Literal["mean", "max", "softmax", "logsumexp"] = "mean"
     """how Q over the K actions bootstraps the critic's targets (with --q-value)"""
     q_temperature: float = 1.0
@@ -90,82 +82,44 @@ class Config(cli.RunConfig):
     """importance-weight sampled actions by pi(a|s) / mu(a|s) (with --q-value)"""
     hidden: tuple[int, ...] = (64, 64)
     """layer widths of both networks"""
-    activation: Literal["tanh", "relu"] = "tanh"
+    activation: nets.Activation = "tanh"
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
     normalize_obs: bool = False
-    """normalize observations by their running mean and variance (kept in the runner state, merged over
-    devices, per seed, saved in checkpoints), clipped to +-10; the replay keeps raw observations"""
+    """normalize observations by their running mean and variance (per seed, merged over devices, checkpointed)"""
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("num_envs", "num_steps", "policy_batch_size", "policy_steps", "value_batch_size",
-                     "value_steps"):
-            cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-        cli.require(self.n_replay_epochs >= 1, f"--n-replay-epochs {self.n_replay_epochs}: the replay "
-                    "must hold at least one epoch; use 1 or more")
+        for name in ("num_envs", "num_steps", "policy_batch_size", "policy_steps", "value_batch_size", "value_steps"):
+            cli.require(getattr(self, name) >= 1, f"{cli.flag_name(name)} must be at least 1")
+        cli.require(self.n_replay_epochs >= 1, f"--n-replay-epochs {self.n_replay_epochs}: keep at least one epoch")
         cli.require(self.n_samples >= 1, f"--n-samples {self.n_samples}: use at least 1")
         cli.require(self.q_value or self.n_samples == 1,
                     f"--n-samples {self.n_samples} needs --q-value (plain AWR weights the taken action only)")
-        for flag, changed in (("--reweight", self.reweight), ("--q-aggregate", self.q_aggregate != "mean"),
-                              ("--q-temperature", self.q_temperature != 1.0),
-                              ("--q-normalization", self.q_normalization != "none")):
-            cli.require(self.q_value or not changed, f"{flag} applies to Sampling AWR: add --q-value")
+        for name in ("reweight", "q_aggregate", "q_temperature", "q_normalization"):  # Sampling AWR's own flags
+            cli.require(self.q_value or getattr(self, name) == getattr(Config, name),
+                        f"{cli.flag_name(name)} applies to Sampling AWR: add --q-value")
         cli.require(self.q_temperature > 0, f"--q-temperature {self.q_temperature}: use a positive value")
         cli.require(self.beta > 0 and self.w_max > 0, "--beta and --w-max must be positive")
         cli.require(min(self.policy_lr, self.value_lr) > 0, "--policy-lr and --value-lr must be positive")
         cli.require(0 <= self.gamma <= 1 and 0 <= self.td_lambda <= 1, "--gamma and --td-lambda: use [0, 1]")
-        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
-        cli.require_non_negative(self, "ent_coef")
+        cli.require_non_negative(self, "max_grad_norm", "ent_coef")
         cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
 
 
-# ----------------------------------------------------------------------------
-# Networks: plain functions over parameter pytrees
-# ----------------------------------------------------------------------------
-def dense_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    w = nets.orthogonal(key, (n_in, n_out), scale)
-    return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
-
-
-def torso_init(key, n_in: int, hidden: tuple) -> list:
-    sizes = (n_in,) + tuple(hidden)
-    keys = jax.random.split(key, len(hidden))
-    return [dense_init(k, a, b, np.sqrt(2)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
-
-
-def torso(layers: list, x: jax.Array, activation: str) -> jax.Array:
-    act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[activation]
-    for layer in layers:
-        x = act(x @ layer["w"] + layer["b"])
-    return x
-
-
-def policy_net(params: dict, obs: jax.Array, dist, activation: str) -> jax.Array:
+def policy_net(params: dict, obs: jax.Array, dist, activation: nets.Activation) -> jax.Array:
     """One observation -> distribution inputs [n_inputs]."""
-    return dist.policy_head(params["head"], torso(params["torso"], jnp.ravel(obs).astype(jnp.float32), activation))
+    return dist.policy_head(params["head"], nets.torso(params["torso"], obs, activation))
 
 
-def critic_net(params: dict, obs: jax.Array, action_code: jax.Array | None, activation: str) -> jax.Array:
+def critic_net(params: dict, obs: jax.Array, action_code: jax.Array | None, activation: nets.Activation) -> jax.Array:
     """V(s), or Q(s, a) when an action code (one-hot or flat continuous action) is given: a scalar."""
-    x = jnp.ravel(obs).astype(jnp.float32)
-    if action_code is not None:
-        x = jnp.concatenate([x, action_code])
+    x = obs if action_code is None else jnp.concatenate([jnp.ravel(obs).astype(jnp.float32), action_code])
     out = params["out"]
-    return (torso(params["torso"], x, activation) @ out["w"] + out["b"])[0]
+    return (nets.torso(params["torso"], x, activation) @ out["w"] + out["b"])[0]
 
 
-def action_code(dist, action: jax.Array) -> jax.Array:
-    """The critic's action input: one-hot for discrete actions, the flat action otherwise."""
-    if dist.discrete:
-        return jax.nn.one_hot(action, dist.n)
-    return jnp.ravel(action).astype(jnp.float32)
-
-
-# ----------------------------------------------------------------------------
-# Records
-# ----------------------------------------------------------------------------
 class Transition(NamedTuple):
     obs: jax.Array
     action: jax.Array
@@ -174,13 +128,13 @@ class Transition(NamedTuple):
     done: jax.Array  # terminated or truncated: the lambda-trace stops
     final_obs: jax.Array  # s_{t+1} before any reset (bootstraps truncated episodes)
     inputs: jax.Array  # behaviour policy mu(.|s_t): distribution inputs at collection
-    next_inputs: jax.Array  # mu(.|s_{t+1}) at final_obs, for the Q bootstrap's samples
+    next_inputs: jax.Array  # mu(.|s_{t+1}) at final_obs, for the Q bootstrap's samples (set after COLLECT's scan)
 
 
 class Replay(NamedTuple):
-    data: Transition  # [m, T, B, ...]: slot i holds one epoch
-    next_slot: jax.Array  # [] the slot the next epoch overwrites (the oldest once full)
-    n_filled: jax.Array  # [] slots holding data
+    data: Transition  # [m, T, B, ...]: a ring of m = capacity slots, each holding one epoch
+    position: jax.Array  # [] the slot the next epoch overwrites (the oldest once full)
+    filled: jax.Array  # [] slots holding data (at most the capacity)
 
 
 class RunnerState(NamedTuple):
@@ -193,39 +147,41 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, *obs_shape]
     stats: envs.EpisodeStats
     key: jax.Array  # differs per device
+    obs_stats: envs.ObsStats | None  # --normalize-obs: what the networks normalize with; None (no arrays) if off
+
+
+class Targets(NamedTuple):
+    """What one critic makes of the N = m T B replay rows: TD(lambda) returns and K weighted actions per state."""
+
+    returns: jax.Array  # [N] TD(lambda) returns
+    actions: jax.Array  # [N, K, ...] the taken action (plain AWR), or the K actions per state
+    log_mu: jax.Array  # [N, K] log mu(a_k|s) (plain AWR: 0)
+    q: jax.Array  # [N, K] Q(s, a_k) (plain AWR: V(s))
+    advantages: jax.Array  # [N, K] G - V(s) or Q(s, a_k) - V(s), standardized (unless --no-normalize-advantages)
+    weights: jax.Array  # [N, K] min(exp(A / beta), w_max)
+    mask: jax.Array  # [N, K] m_k: mu(a_k|s) when every action is enumerated, else 1
+    metrics: dict  # awr/* and q/mean over the valid rows of every device (awr/weight_max: their maximum)
 
 
 class Rollout(NamedTuple):
-    """An epoch before its policy update: the runner (this epoch in the replay, the critic updated) and what
-    the policy update trains on. `[N, K]` arrays span the N = m T B replay rows, K actions each."""
+    """An epoch before its policy update: the runner (this epoch stored, the critic updated) and what follows."""
 
     runner: RunnerState
-    obs_stats: envs.ObsStats | None  # --normalize-obs: the statistics the networks normalize with
     traj: Transition  # [T, B, ...] this epoch's steps as collected (raw observations)
-    returns: jax.Array  # [N] TD(lambda) targets of the critic's update, from the critic before it
-    actions: jax.Array  # [N, K, ...] the taken action (plain AWR), or the K actions per state
-    log_mu: jax.Array  # [N, K] log mu(a_k|s) (plain AWR: 0)
-    q: jax.Array  # [N, K] Q(s, a_k) of the target copy (plain AWR: V(s))
-    advantages: jax.Array  # [N, K] standardized (unless --no-normalize-advantages)
-    advantage_mean: jax.Array  # [] before standardizing, over the valid rows of every device
-    advantage_std: jax.Array  # []
-    weights: jax.Array  # [N, K] min(exp(A / beta), w_max)
-    mask: jax.Array  # [N, K] m_k: mu(a_k|s) when every action is enumerated, else 1
-    critic_metrics: dict  # per critic step
+    rows: Transition  # [N, ...] the replay, observations normalized with the current statistics
+    returns: jax.Array  # [N] what the critic regressed on: the returns of the critic before its update
+    targets: Targets  # the policy's: from the critic just updated (plain AWR) or the target copy (Sampling AWR)
+    critic_metrics: dict  # per critic step: loss/value, optim/value_grad_norm
     policy_key: jax.Array
 
 
-# ----------------------------------------------------------------------------
-# Pure math
-# ----------------------------------------------------------------------------
 def td_lambda(rewards, next_values, terminated, dones, gamma: float, lam: float):
     """TD(lambda) returns over time-major `[T, B]` arrays.
 
-    G_t = r_t + gamma_t * ((1 - lam_t) * V(s'_t) + lam_t * G_{t+1}), with
-    gamma_t = gamma * (1 - terminated_t), lam_t = lam * (1 - done_t), and s'_t the
-    observation after step t before any reset (a truncated episode bootstraps
-    from it). The last step bootstraps fully: G_T = V(s'_{T-1}).
-    lam = 1 is the Monte-Carlo return within the rollout, lam = 0 is TD(0).
+    G_t = r_t + gamma_t * ((1 - lam_t) * V(s'_t) + lam_t * G_{t+1}), with gamma_t = gamma * (1 - terminated_t),
+    lam_t = lam * (1 - done_t), and s'_t the observation after step t before any reset (a truncated episode
+    bootstraps from it). The last step bootstraps fully: G_T = V(s'_{T-1}). lam = 1 is the Monte-Carlo return
+    within the rollout, lam = 0 is TD(0).
     """
     chex.assert_rank(rewards, 2)
     chex.assert_equal_shape([rewards, next_values, terminated, dones])
@@ -249,16 +205,14 @@ def awr_weights(advantages, beta: float, w_max: float):
 def q_scale(q, valid, normalization: str):
     """std(Q) or mean|Q - mean Q| (+ 1e-5) over the `valid` rows of `q` `[N, K]` on every device; 1 for none.
 
-    Rows of replay slots not yet filled are left out; the moments are merged over
-    `devices.DEVICE_AXIS` from sums, so every device scales by the same number.
+    Rows of replay slots not yet filled are left out; every device scales by the same number (merged sums).
     """
     chex.assert_rank([q, valid], [2, 1])
     if normalization == "none":
         return 1.0
     psum = lambda x: jax.lax.psum(jnp.sum(x), devices.DEVICE_AXIS)  # noqa: E731
-    rows = valid[:, None]
     count = psum(valid.astype(jnp.float32)) * q.shape[1]
-    deviation = jnp.where(rows, q - psum(jnp.where(rows, q, 0.0)) / count, 0.0)
+    deviation = jnp.where(valid[:, None], q - psum(jnp.where(valid[:, None], q, 0.0)) / count, 0.0)
     if normalization == "std":
         return jnp.sqrt(psum(deviation ** 2) / count) + 1e-5
     return psum(jnp.abs(deviation)) / count + 1e-5
@@ -267,10 +221,9 @@ def q_scale(q, valid, normalization: str):
 def aggregate_q(q, log_mu, how: str, temperature: float, enumerated: bool, scale=1.0):
     """V_agg(s) from Q(s, a_k) over `[N, K]` actions per state.
 
-    mean: mean_k Q_k, or sum_k mu(a_k|s) Q_k when every discrete action is
-    enumerated; max: max_k Q_k; softmax: sum_k softmax(Q / T)_k Q_k;
-    logsumexp: T * (logsumexp(Q / T) - log K). Q is divided by `scale` (see
-    `q_scale`) before aggregating and the result multiplied back.
+    mean: mean_k Q_k, or sum_k mu(a_k|s) Q_k when every discrete action is enumerated; max: max_k Q_k;
+    softmax: sum_k softmax(Q / T)_k Q_k; logsumexp: T * (logsumexp(Q / T) - log K). Q is divided by
+    `scale` (see `q_scale`) before aggregating and the result multiplied back.
     """
     chex.assert_rank(q, 2)
     chex.assert_equal_shape([q, log_mu])
@@ -287,21 +240,19 @@ def aggregate_q(q, log_mu, how: str, temperature: float, enumerated: bool, scale
 
 
 def sample_actions(dist, inputs, key, n_samples: int, enumerate_all: bool):
-    """K actions per state from mu = dist(inputs `[N, n_inputs]`) and their log mu: `[N, K, ...]`, `[N, K]`."""
+    """K actions per state from mu = dist(inputs `[N, n_inputs]`) and their log mu: `[N, K, ...]`, `[N, K]`.
+    `enumerate_all`: every discrete action once, a_k = k."""
     chex.assert_rank(inputs, 2)
     inputs = jnp.broadcast_to(inputs[:, None], (inputs.shape[0], n_samples, inputs.shape[1]))
-    if enumerate_all:  # every discrete action once: a_k = k
-        actions = jnp.broadcast_to(jnp.arange(n_samples), inputs.shape[:2])
-    else:
-        actions = dist.sample(inputs, key)
+    actions = jnp.broadcast_to(jnp.arange(n_samples), inputs.shape[:2]) if enumerate_all else dist.sample(inputs, key)
     return actions, dist.log_prob(inputs, actions)
 
 
 def replay_push(replay: Replay, epoch_data: Transition) -> Replay:
     """Writes one epoch into the oldest slot of the ring buffer."""
-    data = jax.tree.map(lambda buf, x: buf.at[replay.next_slot].set(x), replay.data, epoch_data)
-    m = jax.tree.leaves(replay.data)[0].shape[0]
-    return Replay(data, (replay.next_slot + 1) % m, jnp.minimum(replay.n_filled + 1, m))
+    capacity = replay.data.reward.shape[0]
+    data = jax.tree.map(lambda slots, x: slots.at[replay.position].set(x), replay.data, epoch_data)
+    return Replay(data=data, position=(replay.position + 1) % capacity, filled=jnp.minimum(replay.filled + 1, capacity))
 
 
 def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Config):
@@ -321,231 +272,178 @@ def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Confi
     return loss, {"loss/policy": loss, "policy/entropy": entropy, "policy/log_prob_mean": jnp.mean(log_pi)}
 
 
-# ----------------------------------------------------------------------------
-# Training
-# ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
-    if dist.discrete and config.std != "param":
-        raise cli.ConfigError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
-    n_devices = config.n_devices or jax.local_device_count()
-    if config.num_envs % n_devices:
-        raise cli.ConfigError(f"--num-envs {config.num_envs} is not divisible by --n-devices {n_devices}; "
-                              f"use a multiple of {n_devices}")
-    envs_per_device, T, m, K = config.num_envs // n_devices, config.num_steps, config.n_replay_epochs, config.n_samples
-    steps_per_epoch = config.num_envs * T
-    num_epochs = config.total_steps // steps_per_epoch
-    if num_epochs < 1:
-        raise cli.ConfigError(f"--total-steps {config.total_steps} is less than one epoch "
-                              f"({config.num_envs} envs x {T} steps = {steps_per_epoch})")
-    if config.q_value and K == 1 and not (dist.discrete and dist.n == 1):
-        raise cli.ConfigError("--q-value with --n-samples 1 learns nothing: every advantage Q(s, a_1) - mean_k Q(s, a_k) "
-                              "is 0; use --n-samples 2 or more" + (f" ({dist.n} enumerates every action of {config.env})"
-                                                                  if dist.discrete else ""))
-    # K >= A discrete actions: every action once, weighted by mu(a|s) -- the expectation that K samples only
-    # estimate. Sampled, a near-deterministic mu gives K copies of one action, every A_k = 0, and the policy
-    # can never leave it (CartPole, K = 4: 2 of 32 seeds stuck at return 9; enumerated: 0 of 40).
+    cli.require(not dist.discrete or config.std == "param",
+                f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
+    layout = devices.layout(config)
+    B, T, capacity, K = layout.envs_per_device, config.num_steps, config.n_replay_epochs, config.n_samples
+    cli.require(not config.q_value or K > 1 or (dist.discrete and dist.n == 1), "--q-value with --n-samples 1 "
+                "learns nothing: every advantage Q(s, a_1) - mean_k Q(s, a_k) is 0; use --n-samples 2 or more"
+                + (f" ({dist.n} enumerates every action of {config.env})" if dist.discrete else ""))
+    n_rows = capacity * layout.rollout_size  # N = m T B rows of one device's replay: its batches are drawn there
+    for name in ("policy_batch_size", "value_batch_size"):
+        cli.require(getattr(config, name) <= n_rows, f"{cli.flag_name(name)} {getattr(config, name)} is larger than"
+                    f" the replay: {capacity} epochs x {B} envs x {T} steps = {n_rows} transitions per device; use "
+                    f"at most {n_rows}")
+    # K >= A discrete actions: each once, weighted by mu(a|s), what K samples only estimate. Sampled, a near-
+    # deterministic mu gives K copies of one action, every A_k = 0, and the policy can never leave it
+    # (CartPole, K = 4: 2 of 32 seeds stuck at return 9; enumerated: 0 of 40).
     enumerate_all = config.q_value and dist.discrete and K >= dist.n
     K = dist.n if enumerate_all else K
-    obs_shape = env.observation_space(env_params).shape
-    obs_dim = int(np.prod(obs_shape))
-    code_dim = (dist.n if dist.discrete else dist.d) if config.q_value else 0
 
     def optimizer(lr: float, schedule: str, n_steps: int):
-        lr = optax.linear_schedule(lr, 0.0, num_epochs * n_steps) if schedule == "linear" else lr
+        lr = optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps) if schedule == "linear" else lr
         clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
         return optax.chain(clip, optax.adam(lr))
 
     policy_tx = optimizer(config.policy_lr, config.policy_lr_schedule, config.policy_steps)
     critic_tx = optimizer(config.value_lr, config.value_lr_schedule, config.value_steps)
-    pi = jax.vmap(policy_net, (None, 0, None, None))
-    step_envs = jax.vmap(env.step, (0, 0, 0, None))
-    n_buffer = m * T * envs_per_device
-    for name in ("policy_batch_size", "value_batch_size"):  # batches are drawn from one device's replay
-        if getattr(config, name) > n_buffer:
-            raise cli.ConfigError(f"--{name.replace('_', '-')} {getattr(config, name)} is larger than the replay: "
-                                  f"{m} epochs x {envs_per_device} envs x {T} steps = {n_buffer} transitions per device; "
-                                  f"use at most {n_buffer}")
+    pi = lambda params, obs: jax.vmap(policy_net, (None, 0, None, None))(params, obs, dist, config.activation)  # noqa
 
-    def critic(params, obs, actions=None):  # [N, ...] (and [N, K, ...]) -> [N] (or [N, K])
+    def critic(params, obs, actions=None):  # [N, ...] -> V [N]; with actions [N, K, ...] (one-hot if discrete) Q [N, K]
         if actions is None:
             return jax.vmap(critic_net, (None, 0, None, None))(params, obs, None, config.activation)
-        q_one = lambda o, a: critic_net(params, o, action_code(dist, a), config.activation)  # noqa: E731
+        code = lambda a: jax.nn.one_hot(a, dist.n) if dist.discrete else jnp.ravel(a).astype(jnp.float32)  # noqa
+        q_one = lambda o, a: critic_net(params, o, code(a), config.activation)  # noqa: E731
         return jax.vmap(jax.vmap(q_one, (None, 0)))(obs, actions)
+
+    def env_step(state: RunnerState, _):
+        key, act_key, step_key = jax.random.split(state.key, 3)
+        inputs = pi(state.policy, envs.normalize_obs(state.obs_stats, state.obs))
+        action = dist.sample(inputs, act_key)
+        obs, env_state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
+            jax.random.split(step_key, B), state.env_state, dist.clip_action(action), env_params)
+        done = jnp.logical_or(terminated, truncated)
+        transition = Transition(obs=state.obs, action=action, reward=reward, terminated=terminated, done=done,
+                                final_obs=info["final_observation"], inputs=inputs, next_inputs=inputs)
+        stats = envs.update_episode_stats(state.stats, reward, done)
+        return state._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
 
     def init(key):
         policy_key, head_key, critic_key, out_key, env_key = jax.random.split(key, 5)  # same on every device
-        policy = {"torso": torso_init(policy_key, obs_dim, config.hidden),
-                  "head": dist.head_init(head_key, config.hidden[-1])}
-        critic_params = {"torso": torso_init(critic_key, obs_dim + code_dim, config.hidden),
-                         "out": dense_init(out_key, config.hidden[-1], 1, 1.0)}
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
-        obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        zeros = lambda shape=(), dtype=jnp.float32: jnp.zeros((m, T, envs_per_device) + shape, dtype)  # noqa: E731
-        empty = Transition(zeros(obs.shape[1:], obs.dtype),
-                           zeros(dist.action_shape, jnp.int32 if dist.discrete else jnp.float32), zeros(),
-                           zeros(dtype=bool), zeros(dtype=bool), zeros(obs.shape[1:], obs.dtype),
-                           zeros((dist.n_inputs,)), zeros((dist.n_inputs,)))
-        replay = Replay(empty, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
-        runner = RunnerState(policy, critic_params, policy_tx.init(policy), critic_tx.init(critic_params), replay,
-                             env_state, obs, envs.init_episode_stats(envs_per_device), run_key)
-        return envs.Normalized(runner, envs.init_obs_stats(obs.shape[1:])) if config.normalize_obs else runner
-
-    def targets_and_samples(critic_params, data: Transition, valid, key):
-        """TD(lambda) targets [N], and K actions per state with their advantages and log mu."""
-        flat = lambda x: x.reshape((-1,) + x.shape[3:])  # noqa: E731  [m, T, B, ...] -> [m*T*B, ...]
-        if config.q_value:
-            s_key, next_key = jax.random.split(key)
-            actions, log_mu = sample_actions(dist, flat(data.inputs), s_key, K, enumerate_all)  # [N, K, ...]
-            next_actions, next_log_mu = sample_actions(dist, flat(data.next_inputs), next_key, K, enumerate_all)
-            q = critic(critic_params, flat(data.obs), actions)
-            next_q = critic(critic_params, flat(data.final_obs), next_actions)
-            next_values = aggregate_q(next_q, next_log_mu, config.q_aggregate, config.q_temperature, enumerate_all,
-                                      q_scale(next_q, valid, config.q_normalization))
-            # mean_k Q, or sum_k mu_k Q_k when enumerated (a scale would cancel)
-            baseline = aggregate_q(q, log_mu, "mean", config.q_temperature, enumerate_all)[:, None]
-            advantages = q - baseline
-        else:
-            actions, log_mu = flat(data.action)[:, None], jnp.zeros((n_buffer, 1))
-            values = critic(critic_params, flat(data.obs))
-            next_values = critic(critic_params, flat(data.final_obs))
-            q = values[:, None]
-        returns = jax.vmap(td_lambda, (0, 0, 0, 0, None, None))(  # each stored epoch is its own [T, B] rollout
-            *(x.reshape((m, T, envs_per_device)) for x in (data.reward, next_values, data.terminated, data.done)),
-            config.gamma, config.td_lambda).reshape(-1)
-        if not config.q_value:
-            advantages = (returns - values)[:, None]
-        return returns, actions, advantages, log_mu, q
-
-    def valid_rows(replay: Replay):
-        """Slots past n_filled are empty: minibatches draw from the first n_filled * T * B transitions."""
-        n_valid = replay.n_filled * T * envs_per_device
-        return jnp.arange(n_buffer) < n_valid, n_valid
+        obs, env_state = envs.reset_envs(env, env_params, reset_key, B)
+        torso = lambda k, n_in: nets.torso_init(jax.random.split(k, len(config.hidden)), n_in, config.hidden)  # noqa
+        policy = {"torso": torso(policy_key, obs[0].size), "head": dist.head_init(head_key, config.hidden[-1])}
+        code_dim = (dist.n if dist.discrete else dist.d) if config.q_value else 0  # Q(s, a): the action's input
+        critic_params = {"torso": torso(critic_key, obs[0].size + code_dim),
+                         "out": nets.dense_init(out_key, config.hidden[-1], 1, 1.0)}
+        state = RunnerState(policy=policy, critic=critic_params, policy_opt=policy_tx.init(policy),
+                            critic_opt=critic_tx.init(critic_params), replay=None, env_state=env_state, obs=obs,
+                            stats=envs.init_episode_stats(B), key=run_key,
+                            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None)
+        step = jax.eval_shape(env_step, state, None)[1]  # the Transition one step records: [B, ...]
+        slots = jax.tree.map(lambda x: jnp.zeros((capacity, T) + x.shape, x.dtype), step)
+        return state._replace(replay=Replay(data=slots, position=jnp.int32(0), filled=jnp.int32(0)))
 
     def masked_mean(x, valid):  # over the valid rows of an [N, K] array
         mask = valid[:, None].astype(jnp.float32)
         return jnp.sum(x * mask) / jnp.sum(mask) / K
 
-    def sgd_step(loss_fn, tx, batch_size: int, n_valid):
-        def step(carry, key):
-            params, opt_state = carry
-            idx = jax.random.randint(key, (batch_size,), 0, n_valid)
-            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, idx)
-            grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), {**aux, "grad_norm": optax.tree.norm(grads)}
-        return step
-
-    def rollout(state) -> Rollout:
-        # --normalize-obs: the networks see observations normalized with the statistics of earlier epochs
-        # (the replay holds raw ones: every stored epoch is normalized with the same, current, statistics).
-        runner, obs_stats = state if config.normalize_obs else (state, None)
-        norm = lambda obs: envs.normalize_obs(obs_stats, obs)  # noqa: E731  (off: the identity)
-
-        # COLLECT: T steps of B environments under the current policy (the behaviour policy mu).
-        def env_step(runner: RunnerState, _):
-            key, act_key, step_key = jax.random.split(runner.key, 3)
-            inputs = pi(runner.policy, norm(runner.obs), dist, config.activation)
-            action = dist.sample(inputs, act_key)
-            obs, env_state, reward, terminated, truncated, info = step_envs(
-                jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
-                env_params)
-            done = jnp.logical_or(terminated, truncated)
-            transition = Transition(runner.obs, action, reward, terminated, done, info["final_observation"], inputs,
-                                    inputs)  # next_inputs: filled in below, batched
-            stats = envs.update_episode_stats(runner.stats, reward, done)
-            return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
-
-        runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
-        runner, traj = jax.lax.scan(env_step, runner, None, T)  # [T, B, ...]
-        if config.q_value:  # mu(.|s'_t): the policy is fixed during the rollout, so one batched call
-            traj = traj._replace(next_inputs=jax.vmap(pi, (None, 0, None, None))(
-                runner.policy, norm(traj.final_obs), dist, config.activation))
-        replay = replay_push(runner.replay, traj)
-        data = replay.data._replace(obs=norm(replay.data.obs), final_obs=norm(replay.data.final_obs))
-        key, target_key, critic_key, policy_key = jax.random.split(runner.key, 4)
-        valid, n_valid = valid_rows(replay)
-        flat_data = jax.tree.map(lambda x: x.reshape((n_buffer,) + x.shape[3:]), data)
-
-        # TARGETS: TD(lambda) over every stored epoch with the critic as it is now
-        # (for Sampling AWR this is the target copy, refreshed here once per epoch).
-        returns, actions, advantages, log_mu, q = targets_and_samples(runner.critic, data, valid, target_key)
-
-        # UPDATE (critic): L2 regression of V(s_t), or Q(s_t, a_t) on the taken action, on the returns.
-        def critic_loss(params, idx):
-            obs = flat_data.obs[idx]
-            pred = critic(params, obs, flat_data.action[idx][:, None])[:, 0] if config.q_value else critic(params, obs)
-            loss = jnp.mean((pred - returns[idx]) ** 2)
-            return loss, {"loss/value": loss}
-
-        (critic_params, critic_opt), critic_metrics = jax.lax.scan(
-            sgd_step(critic_loss, critic_tx, config.value_batch_size, n_valid), (runner.critic, runner.critic_opt),
-            jax.random.split(critic_key, config.value_steps))
-
-        # ADVANTAGES: plain AWR recomputes them with the updated critic (A = G - V);
-        # Sampling AWR keeps the target copy's A_k = Q(s, a_k) - V(s).
-        if not config.q_value:
-            _, actions, advantages, log_mu, _ = targets_and_samples(critic_params, data, valid, target_key)
-        # Standardized over the valid replay of every device.
+    def targets_of(critic_params, rows: Transition, valid, key) -> Targets:
+        """What the critic `critic_params` makes of the replay `rows` `[N, ...]` (`valid` `[N]`: those holding data)."""
+        if config.q_value:
+            key, next_key = jax.random.split(key)
+            actions, log_mu = sample_actions(dist, rows.inputs, key, K, enumerate_all)  # [N, K, ...], [N, K]
+            next_actions, next_log_mu = sample_actions(dist, rows.next_inputs, next_key, K, enumerate_all)
+            q, next_q = critic(critic_params, rows.obs, actions), critic(critic_params, rows.final_obs, next_actions)
+            next_values = aggregate_q(next_q, next_log_mu, config.q_aggregate, config.q_temperature, enumerate_all,
+                                      q_scale(next_q, valid, config.q_normalization))
+            # V(s) = mean_k Q, or sum_k mu_k Q_k when enumerated (a scale would cancel)
+            values = aggregate_q(q, log_mu, "mean", config.q_temperature, enumerate_all)
+        else:  # the taken action, and V(s) in Q's place
+            actions, log_mu = rows.action[:, None], jnp.zeros((n_rows, 1))
+            values, next_values = critic(critic_params, rows.obs), critic(critic_params, rows.final_obs)
+            q = values[:, None]
+        returns = jax.vmap(td_lambda, (0, 0, 0, 0, None, None))(  # each stored epoch is its own [T, B] rollout
+            *(x.reshape((capacity, T, B)) for x in (rows.reward, next_values, rows.terminated, rows.done)),
+            config.gamma, config.td_lambda).reshape(-1)
+        advantages = q - values[:, None] if config.q_value else (returns - values)[:, None]
         mean = jax.lax.pmean(masked_mean(advantages, valid), devices.DEVICE_AXIS)
         var = jax.lax.pmean(masked_mean((advantages - mean) ** 2, valid), devices.DEVICE_AXIS)
         if not config.no_normalize_advantages:
             advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
-        # The mask m_k: mu(a_k|s) when every action is enumerated, else 1.
-        sample_mask = jnp.exp(log_mu) if enumerate_all else jnp.ones_like(log_mu)
-        runner = runner._replace(critic=critic_params, critic_opt=critic_opt, replay=replay, key=key)
-        return Rollout(runner, obs_stats, traj, returns, actions, log_mu, q, advantages, mean, jnp.sqrt(var),
-                       awr_weights(advantages, config.beta, config.w_max), sample_mask, critic_metrics, policy_key)
+        weights = awr_weights(advantages, config.beta, config.w_max)
+        metrics = {"awr/advantage_mean": mean, "awr/advantage_std": jnp.sqrt(var),  # before standardizing
+                   "awr/weight_mean": masked_mean(weights, valid),
+                   "awr/weight_max": jax.lax.pmax(jnp.max(jnp.where(valid[:, None], weights, 0.0)),
+                                                  devices.DEVICE_AXIS),
+                   "awr/weight_clipped_fraction": masked_mean(advantages / config.beta >= jnp.log(config.w_max), valid),
+                   **({"q/mean": masked_mean(q, valid)} if config.q_value else {})}
+        return Targets(returns=returns, actions=actions, log_mu=log_mu, q=q, advantages=advantages, weights=weights,
+                       mask=jnp.exp(log_mu) if enumerate_all else jnp.ones_like(log_mu), metrics=metrics)
 
-    def epoch(state):
-        r = rollout(state)
-        runner = r.runner
-        valid, n_valid = valid_rows(runner.replay)
-        obs = envs.normalize_obs(r.obs_stats, runner.replay.data.obs).reshape((n_buffer,) + obs_shape)
+    def minibatch_steps(net: str, loss_fn, tx, params, opt_state, key, n_steps: int, batch_size: int, n_valid):
+        """n_steps Adam steps on batch_size rows drawn from the first n_valid, gradients averaged over devices."""
+        def step(carry, key):
+            params, opt_state = carry
+            idx = jax.random.randint(key, (batch_size,), 0, n_valid)
+            (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, idx)
+            grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            metrics = {**aux, f"optim/{net}_grad_norm": optax.tree.norm(grads)}
+            return (optax.apply_updates(params, updates), opt_state), metrics
+        return jax.lax.scan(step, (params, opt_state), jax.random.split(key, n_steps))
 
-        # UPDATE (policy): weighted log-likelihood of the K actions per state.
-        policy_step = sgd_step(
-            lambda p, idx: policy_loss(p, obs[idx], r.actions[idx], r.weights[idx], r.mask[idx], r.log_mu[idx],
-                                       dist, config),
-            policy_tx, config.policy_batch_size, n_valid)
-        (policy, policy_opt), policy_metrics = jax.lax.scan(
-            policy_step, (runner.policy, runner.policy_opt), jax.random.split(r.policy_key, config.policy_steps))
+    def rollout(state: RunnerState) -> Rollout:
+        norm = lambda obs: envs.normalize_obs(state.obs_stats, obs)  # noqa: E731  (--normalize-obs off: the identity)
+        # COLLECT: T steps of B environments under the current policy (the behaviour policy mu).
+        state, traj = jax.lax.scan(env_step, state._replace(stats=envs.reset_epoch_stats(state.stats)), None, T)
+        if config.q_value:  # mu(.|s'_t): the policy is fixed during the rollout, so one batched call
+            traj = traj._replace(next_inputs=jax.vmap(pi, (None, 0))(state.policy, norm(traj.final_obs)))
 
-        # METRICS: scalar means over the valid replay, identical on every device.
-        metrics = {k: jnp.mean(v) for k, v in policy_metrics.items() if k != "grad_norm"}
-        metrics.update({
-            "loss/value": jnp.mean(r.critic_metrics["loss/value"]),
-            "optim/policy_grad_norm": jnp.mean(policy_metrics["grad_norm"]),
-            "optim/value_grad_norm": jnp.mean(r.critic_metrics["grad_norm"]),
-            "awr/advantage_mean": r.advantage_mean,
-            "awr/advantage_std": r.advantage_std,
-            "awr/weight_mean": masked_mean(r.weights, valid),
-            "awr/weight_max": jax.lax.pmax(jnp.max(jnp.where(valid[:, None], r.weights, 0.0)),  # every device's
-                                           devices.DEVICE_AXIS),
-            "awr/weight_clipped_fraction": masked_mean(r.advantages / config.beta >= jnp.log(config.w_max), valid),
-            "replay/size": (n_valid * n_devices).astype(jnp.float32),  # transitions stored, all devices
-        })
-        if config.q_value:
-            metrics["q/mean"] = masked_mean(r.q, valid)
-        metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
-        metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
-        runner = runner._replace(policy=policy, policy_opt=policy_opt)
-        if config.normalize_obs:  # this epoch's observations, every device's, join the statistics
-            return envs.Normalized(runner, envs.update_obs_stats(r.obs_stats, r.traj.obs)), metrics
-        return runner, metrics
+        # STORE: the epoch overwrites the oldest slot; minibatches draw from the first n_valid rows (the rest is empty).
+        state = state._replace(replay=replay_push(state.replay, traj))
+        rows = jax.tree.map(lambda x: x.reshape((n_rows,) + x.shape[3:]), state.replay.data)  # [N, ...]
+        rows = rows._replace(obs=norm(rows.obs), final_obs=norm(rows.final_obs))
+        n_valid = state.replay.filled * layout.rollout_size
+        valid = jnp.arange(n_rows) < n_valid
+        key, target_key, critic_key, policy_key = jax.random.split(state.key, 4)
 
-    def act(params, obs, key):
-        del key  # greedy
-        if config.normalize_obs:  # params: (policy parameters, observation statistics)
-            params, obs = params[0], envs.normalize_obs(params[1], obs)
-        return dist.clip_action(dist.mode(policy_net(params, obs, dist, config.activation)))
+        # TARGETS: TD(lambda) over every stored epoch with the critic as it is now (Sampling AWR: the target copy).
+        targets = targets_of(state.critic, rows, valid, target_key)
 
-    def params(state):  # what act needs
-        return (state.runner.policy, state.obs_stats) if config.normalize_obs else state.policy
+        # CRITIC: L2 regression of V(s_t), or Q(s_t, a_t) on the taken action, on the returns.
+        def critic_loss(params, idx):
+            pred = critic(params, rows.obs[idx], rows.action[idx][:, None] if config.q_value else None).reshape(-1)
+            loss = jnp.mean((pred - targets.returns[idx]) ** 2)
+            return loss, {"loss/value": loss}
 
-    return run.Trainer(init=init, epoch=epoch, act=act, policy=params, env=env, env_params=env_params,
-                       steps_per_epoch=steps_per_epoch, num_epochs=num_epochs, rollout=rollout)
+        (critic_params, critic_opt), critic_metrics = minibatch_steps(
+            "value", critic_loss, critic_tx, state.critic, state.critic_opt, critic_key, config.value_steps,
+            config.value_batch_size, n_valid)
+        # Plain AWR's policy weighs A = G - V of the critic just updated; Sampling AWR's the target copy's A_k.
+        return Rollout(runner=state._replace(critic=critic_params, critic_opt=critic_opt, key=key), traj=traj,
+                       rows=rows, returns=targets.returns, critic_metrics=critic_metrics, policy_key=policy_key,
+                       targets=targets if config.q_value else targets_of(critic_params, rows, valid, target_key))
+
+    def epoch(state: RunnerState):
+        r = rollout(state)  # COLLECT, STORE, TARGETS, CRITIC
+        state, t, n_valid = r.runner, r.targets, r.runner.replay.filled * layout.rollout_size
+
+        # POLICY: weighted log-likelihood of the K actions per state.
+        batch = lambda idx: (r.rows.obs[idx], t.actions[idx], t.weights[idx], t.mask[idx], t.log_mu[idx])  # noqa
+        (policy, policy_opt), policy_metrics = minibatch_steps(
+            "policy", lambda p, idx: policy_loss(p, *batch(idx), dist, config), policy_tx, state.policy,
+            state.policy_opt, r.policy_key, config.policy_steps, config.policy_batch_size, n_valid)
+
+        # METRICS: scalar means over the update steps, the targets' statistics, the transitions stored (all devices).
+        metrics = {k: jnp.mean(v) for k, v in {**policy_metrics, **r.critic_metrics}.items()}
+        size = (n_valid * layout.n_devices).astype(jnp.float32)
+        metrics = jax.lax.pmean({**metrics, **t.metrics, "replay/size": size}, devices.DEVICE_AXIS)
+        metrics.update(envs.episode_metrics(state.stats, devices.DEVICE_AXIS))
+        obs_stats = envs.update_obs_stats(state.obs_stats, r.traj.obs) if config.normalize_obs else None
+        return state._replace(policy=policy, policy_opt=policy_opt, obs_stats=obs_stats), metrics
+
+    def act(policy: envs.Policy, obs, key):  # greedy: no key needed
+        inputs = policy_net(policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation)
+        return dist.clip_action(dist.mode(inputs))
+
+    return run.Trainer(init=init, epoch=epoch, act=act, env=env, env_params=env_params,
+                       policy=lambda s: envs.Policy(params=s.policy, obs_stats=s.obs_stats),
+                       steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs, rollout=rollout)
 
 
 if __name__ == "__main__":

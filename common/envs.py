@@ -199,13 +199,6 @@ class Policy(NamedTuple):
     obs_stats: ObsStats | None = None
 
 
-class Normalized(NamedTuple):
-    """The runner state of a script run with `--normalize-obs`: its own state and the observation statistics."""
-
-    runner: Any
-    obs_stats: ObsStats
-
-
 def init_obs_stats(obs_shape) -> ObsStats:
     """Nothing seen yet: mean 0, variance 1, so the first epoch sees its observations as they are (clipped)."""
     return ObsStats(jnp.zeros(obs_shape, jnp.float32), jnp.ones(obs_shape, jnp.float32), jnp.float32(0))

@@ -13,7 +13,7 @@ import pytest
 
 from algos import awr
 from algos.awr import Config, Replay, Transition, aggregate_q, awr_weights, make_trainer, replay_push, td_lambda
-from common import checkpoints, devices, run
+from common import checkpoints, devices, nets, run
 from common.distributions import Categorical, DiagonalGaussian
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,17 +132,18 @@ def test_replay_keeps_exactly_the_last_m_epochs_in_order():
 
     def epoch_data(i):  # every field encodes its epoch index
         full = lambda shape, dtype=jnp.float32: jnp.full(shape, i, dtype)  # noqa: E731
-        return Transition(full((t, b, 3)), full((t, b), jnp.int32), full((t, b)), full((t, b), bool),
-                          full((t, b), bool), full((t, b, 3)), full((t, b, 2)), full((t, b, 2)))
+        return Transition(obs=full((t, b, 3)), action=full((t, b), jnp.int32), reward=full((t, b)),
+                          terminated=full((t, b), bool), done=full((t, b), bool), final_obs=full((t, b, 3)),
+                          inputs=full((t, b, 2)), next_inputs=full((t, b, 2)))
 
     empty = jax.tree.map(lambda x: jnp.zeros((m,) + x.shape, x.dtype), epoch_data(0))
-    replay = Replay(empty, jnp.array(0), jnp.array(0))
+    replay = Replay(data=empty, position=jnp.array(0), filled=jnp.array(0))
     push = jax.jit(replay_push)
     for i in range(1, 8):
         replay = push(replay, epoch_data(i))
-        assert int(replay.n_filled) == min(i, m)
+        assert int(replay.filled) == min(i, m)
         # oldest first: rolling the ring by its write position gives the last min(i, m) epochs in order
-        ordered = np.roll(np.asarray(replay.data.action[:, 0, 0]), -int(replay.next_slot))
+        ordered = np.roll(np.asarray(replay.data.action[:, 0, 0]), -int(replay.position))
         want = list(range(max(1, i - m + 1), i + 1))
         assert list(ordered[-len(want):]) == want, (i, ordered)
         for leaf in jax.tree.leaves(replay.data):  # every field of a slot comes from the same epoch
@@ -194,7 +195,7 @@ def test_td_lambda_bootstraps_truncation_not_termination():
 
 def policy_setup(n=6, k=3):
     dist = Categorical(2)
-    params = {"torso": awr.torso_init(jax.random.PRNGKey(0), 4, (8,)),
+    params = {"torso": nets.torso_init(jax.random.split(jax.random.PRNGKey(0), 1), 4, (8,)),
               "head": dist.head_init(jax.random.PRNGKey(1), 8)}
     obs = jax.random.normal(jax.random.PRNGKey(2), (n, 4))
     actions = jax.random.bernoulli(jax.random.PRNGKey(3), 0.5, (n, k)).astype(jnp.int32)
@@ -259,7 +260,7 @@ def test_two_device_epochs_fill_the_replay_and_keep_devices_in_sync(flags):
         assert np.all(np.isfinite(metrics[key])), key
     assert np.all(metrics["awr/weight_max"] <= 20.0) and np.all(metrics["awr/weight_mean"] > 0)
     assert ("q/mean" in metrics) == bool(flags)
-    assert int(first.replay.next_slot[0]) == 4 % TINY["n_replay_epochs"]  # epochs 1..4 went to slots 0, 1, 2, 0
+    assert int(first.replay.position[0]) == 4 % TINY["n_replay_epochs"]  # epochs 1..4 went to slots 0, 1, 2, 0
 
 
 def test_k_at_least_the_number_of_actions_enumerates_them():

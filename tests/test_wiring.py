@@ -402,7 +402,7 @@ def awr_setup(c, state, rollout):
     """Per device: the replay rows the epoch stored, observations normalized, and how many are filled."""
     config, trainer = c.config, c.trainer
     before, replay = devices_of(state), devices_of(rollout).runner.replay
-    n_valid = int(replay.n_filled[0]) * config.num_steps * config.num_envs // config.n_devices
+    n_valid = int(replay.filled[0]) * config.num_steps * config.num_envs // config.n_devices
     N = config.n_replay_epochs * config.num_steps * config.num_envs // config.n_devices
     norm = lambda d, x: np.asarray(envs.normalize_obs(  # noqa: E731
         jax.tree.map(lambda s: s[d], before.obs_stats), jnp.asarray(x.reshape((N,) + x.shape[3:]))))
@@ -447,13 +447,14 @@ def np_weights(config, advantages, n_valid):
 
 def check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std, w_max):
     r = devices_of(rollout)
+    t = r.targets  # what the policy trains on
     for d in range(len(returns)):
         np.testing.assert_allclose(r.returns[d][:n_valid], returns[d][:n_valid], rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(r.advantages[d][:n_valid], advantages[d][:n_valid], rtol=1e-3, atol=1e-3)
-        np.testing.assert_allclose(r.weights[d][:n_valid], weights[d][:n_valid], rtol=1e-3, atol=1e-3)
-        np.testing.assert_allclose(r.mask[d][:n_valid], mask[d][:n_valid], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(r.advantage_mean[0], mean, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(r.advantage_std[0], std, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(t.advantages[d][:n_valid], advantages[d][:n_valid], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(t.weights[d][:n_valid], weights[d][:n_valid], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(t.mask[d][:n_valid], mask[d][:n_valid], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t.metrics["awr/advantage_mean"][0], mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(t.metrics["awr/advantage_std"][0], std, rtol=1e-4, atol=1e-5)
     assert np.isclose(np.concatenate([w[:n_valid] for w in weights]), w_max).any()  # some weights clip
 
 
@@ -466,10 +467,10 @@ def check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_va
     for d, row in enumerate(rows):
         idx = np.asarray(jax.random.randint(jax.random.split(r.policy_key[d], 1)[0], (config.policy_batch_size,), 0,
                                             n_valid))
-        losses.append(awr.policy_loss(jax.tree.map(lambda x: x[d], before.runner.policy),
-                                      jnp.asarray(row["obs"][idx]), jnp.asarray(r.actions[d][idx]),
+        losses.append(awr.policy_loss(jax.tree.map(lambda x: x[d], before.policy),
+                                      jnp.asarray(row["obs"][idx]), jnp.asarray(r.targets.actions[d][idx]),
                                       jnp.asarray(weights[d][idx], jnp.float32), jnp.asarray(mask[d][idx], jnp.float32),
-                                      jnp.asarray(r.log_mu[d][idx]), dist, config)[0])
+                                      jnp.asarray(r.targets.log_mu[d][idx]), dist, config)[0])
     np.testing.assert_allclose(metrics["loss/policy"][0, 0], np.mean(losses), rtol=1e-4, atol=1e-5)
 
 
@@ -482,14 +483,14 @@ def test_awr_epoch():
     assert np.abs(before.obs_stats.var - 1).max() > 0.1
     traj = devices_of(rollout).traj  # this epoch's steps, every device's environments side by side
     cat = lambda x: np.concatenate(list(x), 1)  # noqa: E731  [D, T, B, ...] -> [T, D * B, ...]
-    check_cartpole_rollout(c.trainer.env, c.trainer.env_params, np.concatenate(before.runner.env_state.time),
+    check_cartpole_rollout(c.trainer.env, c.trainer.env_params, np.concatenate(before.env_state.time),
                            cat(traj.obs), cat(traj.action), cat(traj.reward), cat(traj.done), cat(traj.terminated),
                            cat(traj.final_obs))
 
     value = lambda params, d, obs: np.asarray(jax.vmap(awr.critic_net, (None, 0, None, None))(  # noqa: E731
         jax.tree.map(lambda x: x[d], params), jnp.asarray(obs), None, config.activation))
     # the critic's targets: TD(lambda) on V(final observation) of the critic before its update
-    next_values = [value(before.runner.critic, d, row["final_obs"]) for d, row in enumerate(rows)]
+    next_values = [value(before.critic, d, row["final_obs"]) for d, row in enumerate(rows)]
     returns = np_returns_per_device(c, rows, next_values, N)
     check_awr_ends(rollout, rows, next_values, n_valid, config.gamma)
     # the policy's advantages: G - V of the updated critic
@@ -500,7 +501,8 @@ def test_awr_epoch():
     advantages, weights, mean, std = np_weights(config, advantages, n_valid)
     mask = [np.ones((N, 1))] * config.n_devices
     check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std, config.w_max)
-    np.testing.assert_array_equal(devices_of(rollout).actions, np.stack([row["action"][:, None] for row in rows]))
+    np.testing.assert_array_equal(devices_of(rollout).targets.actions,
+                                  np.stack([row["action"][:, None] for row in rows]))
     check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid)
 
 
@@ -516,12 +518,13 @@ def test_sampling_awr_epoch(how, temperature, normalization):
     before, rows, n_valid, N, dist = awr_setup(c, state, rollout)
     config = c.config
     A = dist.n
-    np.testing.assert_array_equal(devices_of(rollout).actions, np.broadcast_to(np.arange(A), (config.n_devices, N, A)))
+    np.testing.assert_array_equal(devices_of(rollout).targets.actions,
+                                  np.broadcast_to(np.arange(A), (config.n_devices, N, A)))
 
     codes = np.eye(A, dtype=np.float32)
 
     def q_of(d, obs):  # Q(s, a) of the target copy (the critic before its update) for every action: [N, A]
-        params = jax.tree.map(lambda x: x[d], before.runner.critic)
+        params = jax.tree.map(lambda x: x[d], before.critic)
         q = jax.vmap(lambda o: jax.vmap(lambda a: awr.critic_net(params, o, a, config.activation))(jnp.asarray(codes)))
         return np.asarray(q(jnp.asarray(obs)), np.float64)
 
@@ -538,7 +541,7 @@ def test_sampling_awr_epoch(how, temperature, normalization):
     advantages = [qd - np.sum(np.exp(lm) * qd, 1, keepdims=True) for qd, lm in zip(q, log_mu)]
     advantages, weights, mean, std = np_weights(config, advantages, n_valid)
     mask = [np.exp(lm) for lm in log_mu]
-    r = devices_of(rollout)
+    r = devices_of(rollout).targets
     for d in range(config.n_devices):
         np.testing.assert_allclose(r.q[d][:n_valid], q[d][:n_valid], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(r.log_mu[d][:n_valid], log_mu[d][:n_valid], rtol=1e-4, atol=1e-5)
@@ -553,8 +556,8 @@ def test_awr_reweight_carries_no_gradient():
     c = awr_compiled(**SAMPLING)
     state, rollout, _ = awr_state(**SAMPLING)
     before, rows, n_valid, _, dist = awr_setup(c, state, rollout)
-    config, r = c.config, devices_of(rollout)
-    params = jax.tree.map(lambda x: x[0], before.runner.policy)
+    config, r = c.config, devices_of(rollout).targets
+    params = jax.tree.map(lambda x: x[0], before.policy)
     obs, actions, weights, mask, log_mu = (jnp.asarray(x[:n_valid]) for x in (
         rows[0]["obs"], r.actions[0], r.weights[0], r.mask[0], r.log_mu[0]))
     inputs = np.asarray(jax.vmap(awr.policy_net, (None, 0, None, None))(params, obs, dist, config.activation))
