@@ -322,8 +322,6 @@ def value_loss(params, batch: Batch, config: Config, value_scale: float):
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
-    cli.require(not dist.discrete or config.std == "param",
-                f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
     layout = devices.layout(config)
     for name, size in (("policy_batch_size", config.policy_batch), ("value_batch_size", config.value_batch_size)):
         cli.require(1 <= size <= layout.steps_per_epoch and size % layout.n_devices == 0,

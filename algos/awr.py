@@ -116,8 +116,7 @@ def policy_net(params: dict, obs: jax.Array, dist, activation: nets.Activation) 
 def critic_net(params: dict, obs: jax.Array, action_code: jax.Array | None, activation: nets.Activation) -> jax.Array:
     """V(s), or Q(s, a) when an action code (one-hot or flat continuous action) is given: a scalar."""
     x = obs if action_code is None else jnp.concatenate([jnp.ravel(obs).astype(jnp.float32), action_code])
-    out = params["out"]
-    return (nets.torso(params["torso"], x, activation) @ out["w"] + out["b"])[0]
+    return (nets.torso(params["torso"], x, activation) @ params["out"]["w"] + params["out"]["b"])[0]
 
 
 class Transition(NamedTuple):
@@ -145,7 +144,7 @@ class RunnerState(NamedTuple):
     replay: Replay
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
-    stats: envs.EpisodeStats
+    episode_stats: envs.EpisodeStats
     key: jax.Array  # differs per device
     obs_stats: envs.ObsStats | None  # --normalize-obs: what the networks normalize with; None (no arrays) if off
 
@@ -275,8 +274,6 @@ def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Confi
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
-    cli.require(not dist.discrete or config.std == "param",
-                f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
     layout = devices.layout(config)
     B, T, capacity, K = layout.envs_per_device, config.num_steps, config.n_replay_epochs, config.n_samples
     cli.require(not config.q_value or K > 1 or (dist.discrete and dist.n == 1), "--q-value with --n-samples 1 "
@@ -318,8 +315,8 @@ def make_trainer(config: Config) -> run.Trainer:
         done = jnp.logical_or(terminated, truncated)
         transition = Transition(obs=state.obs, action=action, reward=reward, terminated=terminated, done=done,
                                 final_obs=info["final_observation"], inputs=inputs, next_inputs=inputs)
-        stats = envs.update_episode_stats(state.stats, reward, done)
-        return state._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
+        stats = envs.update_episode_stats(state.episode_stats, reward, done)
+        return state._replace(env_state=env_state, obs=obs, episode_stats=stats, key=key), transition
 
     def init(key):
         policy_key, head_key, critic_key, out_key, env_key = jax.random.split(key, 5)  # same on every device
@@ -332,7 +329,7 @@ def make_trainer(config: Config) -> run.Trainer:
                          "out": nets.dense_init(out_key, config.hidden[-1], 1, 1.0)}
         state = RunnerState(policy=policy, critic=critic_params, policy_opt=policy_tx.init(policy),
                             critic_opt=critic_tx.init(critic_params), replay=None, env_state=env_state, obs=obs,
-                            stats=envs.init_episode_stats(B), key=run_key,
+                            episode_stats=envs.init_episode_stats(B), key=run_key,
                             obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None)
         step = jax.eval_shape(env_step, state, None)[1]  # the Transition one step records: [B, ...]
         slots = jax.tree.map(lambda x: jnp.zeros((capacity, T) + x.shape, x.dtype), step)
@@ -390,7 +387,8 @@ def make_trainer(config: Config) -> run.Trainer:
     def rollout(state: RunnerState) -> Rollout:
         norm = lambda obs: envs.normalize_obs(state.obs_stats, obs)  # noqa: E731  (--normalize-obs off: the identity)
         # COLLECT: T steps of B environments under the current policy (the behaviour policy mu).
-        state, traj = jax.lax.scan(env_step, state._replace(stats=envs.reset_epoch_stats(state.stats)), None, T)
+        state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
+        state, traj = jax.lax.scan(env_step, state, None, T)
         if config.q_value:  # mu(.|s'_t): the policy is fixed during the rollout, so one batched call
             traj = traj._replace(next_inputs=jax.vmap(pi, (None, 0))(state.policy, norm(traj.final_obs)))
 
@@ -433,7 +431,7 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics = {k: jnp.mean(v) for k, v in {**policy_metrics, **r.critic_metrics}.items()}
         size = (n_valid * layout.n_devices).astype(jnp.float32)
         metrics = jax.lax.pmean({**metrics, **t.metrics, "replay/size": size}, devices.DEVICE_AXIS)
-        metrics.update(envs.episode_metrics(state.stats, devices.DEVICE_AXIS))
+        metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
         obs_stats = envs.update_obs_stats(state.obs_stats, r.traj.obs) if config.normalize_obs else None
         return state._replace(policy=policy, policy_opt=policy_opt, obs_stats=obs_stats), metrics
 

@@ -207,8 +207,6 @@ def ppo_loss(params, batch: Batch, dist, config: Config):
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
-    cli.require(not dist.discrete or config.std == "param",
-                f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
     layout = devices.layout(config)
     cli.require(layout.rollout_size % config.num_minibatches == 0,
                 f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "

@@ -177,8 +177,6 @@ def make_trainer(config: Config) -> run.Trainer:
     envs_per_device, batch_per_device = layout.envs_per_device, config.batch_size // layout.n_devices
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
-    if dist.discrete and config.std != "param":
-        raise cli.ConfigError(f"--std {config.std} applies to continuous actions; {config.env} has discrete ones")
     obs_dim = int(np.prod(env.observation_space(env_params).shape))
     n_updates = layout.num_epochs * config.train_steps
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)

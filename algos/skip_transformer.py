@@ -191,7 +191,7 @@ class RunnerState(NamedTuple):
     opt_state: optax.OptState
     env_state: envs.WindowState  # [B] environments of this device, each with its context window
     obs: jax.Array  # [B, L, F + 1] context windows
-    stats: envs.EpisodeStats
+    episode_stats: envs.EpisodeStats
     obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the observations (None: off)
     skip_step: jax.Array  # [] gradient steps so far: drives the skip warmup
     depth_key: jax.Array  # the same on every device; seed 0's draws serve every seed
@@ -301,7 +301,7 @@ def make_trainer(config: Config) -> run.Trainer:
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, layout.envs_per_device)
         return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,
-                           stats=envs.init_episode_stats(layout.envs_per_device),
+                           episode_stats=envs.init_episode_stats(layout.envs_per_device),
                            obs_stats=envs.init_obs_stats((env.obs_dim,)) if config.normalize_obs else None,
                            skip_step=jnp.int32(0), depth_key=depth_key, key=run_key)
 
@@ -320,10 +320,10 @@ def make_trainer(config: Config) -> run.Trainer:
             transition = Transition(obs=runner.obs, final_obs=info["final_observation"], action=action,
                                     log_prob=dist.log_prob(inputs, action), greedy_action=dist.mode(inputs),
                                     value=value, reward=reward, terminated=terminated, done=done)
-            stats = envs.update_episode_stats(runner.stats, reward, done)
-            return runner._replace(env_state=env_state, obs=obs, stats=stats, key=key), transition
+            stats = envs.update_episode_stats(runner.episode_stats, reward, done)
+            return runner._replace(env_state=env_state, obs=obs, episode_stats=stats, key=key), transition
 
-        runner = runner._replace(stats=envs.reset_epoch_stats(runner.stats))
+        runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
 
         # ADVANTAGES: GAE, bootstrapping truncations from the window of the final observation.
@@ -369,7 +369,7 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics["skip/warmup"] = skipping.warmup_factor(skip_step, config.skip_warmup_steps)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(residual_metrics(targets - traj.value, targets))  # R - V over every device's batch
-        metrics.update(envs.episode_metrics(runner.stats, devices.DEVICE_AXIS))
+        metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
         # --normalize-obs: this epoch's observations (each window's newest), every device's, join the statistics
         obs_stats = envs.update_obs_stats(runner.obs_stats, traj.obs[:, :, -1, :-1])
         return runner._replace(params=params, opt_state=opt_state, obs_stats=obs_stats, skip_step=skip_step,
@@ -397,7 +397,7 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
     n_devices *= jax.process_count()  # the checkpoint holds every host's devices, as run.train splits the run
     init_key, eval_key = jax.random.split(rng)
     trainer, keys = sweep.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices, init_key)
-    template = jax.eval_shape(devices.compile_init(trainer.init), keys)
+    template = jax.eval_shape(devices.map_init(trainer.init), keys)
     state, epoch = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), template)
     policy, key = trainer.policy(devices.unreplicate(state)), jax.random.fold_in(eval_key, epoch)  # [runs, ...]
     dist = make_distribution(trainer.env.action_space(trainer.env_params))

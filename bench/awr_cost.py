@@ -31,8 +31,8 @@ VARIANTS = {"awr": {}, **{f"awr --q-value --n-samples {k}": dict(q_value=True, n
 
 def compiled(flags: dict):
     trainer = awr.make_trainer(awr.Config(n_devices=1, **flags))
-    state = devices.compile_init(trainer.init)(devices.seed_keys(jax.random.PRNGKey(0), 1, 1))
-    epoch = devices.compile_epoch(trainer.epoch, 1)
+    state = devices.map_init(trainer.init)(devices.seed_keys(jax.random.PRNGKey(0), 1, 1))
+    epoch = devices.map_epoch(trainer.epoch, 1)
     for _ in range(3):
         state, _ = epoch(state)
     return [epoch, jax.block_until_ready(state)]

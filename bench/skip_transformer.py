@@ -53,8 +53,8 @@ class Epoch:
                                total_steps=10**7)
             trainer = st.make_trainer(config)
             keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, 1)
-            self.state = devices.compile_init(trainer.init)(keys)
-            self.epoch = devices.compile_epoch(trainer.epoch, 1).lower(self.state).compile()
+            self.state = devices.map_init(trainer.init)(keys)
+            self.epoch = devices.map_epoch(trainer.epoch, 1).lower(self.state).compile()
         finally:
             skipping.first_copy = original
         self.steps = trainer.steps_per_epoch * config.num_seeds

@@ -64,9 +64,10 @@ def divergence_advice(config, saved: Path | None, run_dir: Path) -> str:
                      if "lr" in k.split("_"))
     if saved is None:
         return f"No checkpoint was saved: start a new run with a lower learning rate ({lower}) or a --max-grad-norm."
+    floats = ", ".join(map(cli.flag_name, cli.float_flags(type(config))))
     return (f"Last good checkpoint: {saved}. Continue from it with a lower learning rate: --resume {run_dir} {lower} "
-            f"(--resume takes the float flags: {', '.join(map(cli.flag_name, cli.float_flags(type(config))))}, and records "
-            f"the change in {run_dir / 'changes.jsonl'}); or start a new run.")
+            f"(--resume takes the float flags: {floats}, and records the change in {run_dir / 'changes.jsonl'}); "
+            f"or start a new run.")
 
 
 def latest(directory: Path) -> Path | None:
@@ -152,7 +153,7 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
     n_devices = _read(ckpt, leaves=False)[0]["leaves"][0][0][0]  # the state's leading axis: the run's devices
     trainer, keys = sweep.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices,
                                 jax.random.PRNGKey(0))
-    state, _ = load(ckpt, jax.eval_shape(devices.compile_init(trainer.init), keys))
+    state, _ = load(ckpt, jax.eval_shape(devices.map_init(trainer.init), keys))
     params = jax.tree.map(lambda x: x[0], trainer.policy(state))  # as held by device 0: [runs, ...]
     runs = sweep.n_runs(config)
     if seed is not None or runs == 1:

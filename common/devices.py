@@ -2,7 +2,7 @@
 
 Every runner-state leaf carries two leading axes: `[n_devices, num_seeds, ...]`.
 Seeds are independent runs; the devices of one seed split its environments and
-average their gradients over the named axis `DEVICE_AXIS`. `compile_epoch`
+average their gradients over the named axis `DEVICE_AXIS`. `map_epoch`
 maps a per-(device, seed) function over both axes: `jax.pmap` over devices
 when there are several, otherwise `jax.jit` of a `vmap` that carries the same
 axis name, so one code path (with `lax.pmean`) serves both.
@@ -128,10 +128,8 @@ def init_host_and_devices(n_devices: int | None = None, random_seed: int | None 
 def check_n_devices(n_devices: int) -> None:
     available = jax.local_device_count()
     if not 1 <= n_devices <= available:
-        raise cli.ConfigError(
-                 f"--n-devices {n_devices}: this host has {available} "
-                 f"{jax.default_backend()} device(s); use --n-devices between 1 and {available}"
-             )
+        raise cli.ConfigError(f"--n-devices {n_devices}: this host has {available} "
+                              f"{jax.default_backend()} device(s); use --n-devices between 1 and {available}")
 
 
 def seed_keys(rng: jax.Array, num_seeds: int, n_devices: int) -> jax.Array:
@@ -145,17 +143,17 @@ def seed_keys(rng: jax.Array, num_seeds: int, n_devices: int) -> jax.Array:
 
 
 def device_key(key: jax.Array) -> jax.Array:
-    """`key` made distinct per device (call inside `compile_init` or `compile_epoch`).
+    """`key` made distinct per device (call inside `map_init` or `map_epoch`).
 
     Folds in the device's index on `DEVICE_AXIS` (local to the host under
-    `compile_init`'s vmap, across all hosts under a multi-host `pmap`) and, on
+    `map_init`'s vmap, across all hosts under a multi-host `pmap`) and, on
     several hosts, the host's index, so no two devices of the run share a key.
     """
     key = jax.random.fold_in(key, jax.lax.axis_index(DEVICE_AXIS))
     return jax.random.fold_in(key, jax.process_index()) if jax.process_count() > 1 else key
 
 
-def compile_init(fn):
+def map_init(fn):
     """Maps `fn(key)` over `[n_devices, num_seeds]` keys on ONE device, ready to compile.
 
     The device axis is a `vmap` carrying `DEVICE_AXIS` (so `device_key` works);
@@ -165,7 +163,7 @@ def compile_init(fn):
     return jax.jit(jax.vmap(jax.vmap(fn), axis_name=DEVICE_AXIS))
 
 
-def compile_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0):
+def map_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0):
     """Maps `fn(runner_state, *shared)` over `[n_devices, num_seeds]`, ready to compile.
 
     The runner state is mapped; the `n_shared` trailing arguments are the same

@@ -118,16 +118,16 @@ class DiagonalGaussian:
 
 
 def make_distribution(space, std: Std = "param"):
-    """The policy distribution for a gymnax action space; a `cli.ConfigError` otherwise."""
+    """The policy distribution for a gymnax action space (`std`: a Box's `--std`); a `cli.ConfigError` otherwise."""
     from gymnax.environments import spaces
 
     if isinstance(space, spaces.Discrete):
+        cli.require(std == "param", f"--std {std} applies to continuous actions; this environment has "
+                                    f"{int(space.n)} discrete ones")
         return Categorical(int(space.n))
     if isinstance(space, spaces.Box):
         if std not in ("param", "network"):
             raise cli.ConfigError(f"std must be 'param' or 'network', got {std!r}")
         return DiagonalGaussian(tuple(space.shape), space.low, space.high, std)
-    raise cli.ConfigError(
-             f"no policy distribution for action space {space!r} "
-             f"({type(space).__name__}); supported: gymnax Discrete and Box spaces"
-         )
+    raise cli.ConfigError(f"no policy distribution for action space {space!r} "
+                          f"({type(space).__name__}); supported: gymnax Discrete and Box spaces")

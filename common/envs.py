@@ -150,7 +150,8 @@ class EpisodeStats(NamedTuple):
 
 def init_episode_stats(num_envs: int) -> EpisodeStats:
     z = jnp.zeros((num_envs,), jnp.float32)
-    return EpisodeStats(z, z.astype(jnp.int32), jnp.float32(0), jnp.float32(0), jnp.float32(0))
+    zero = jnp.float32(0)
+    return EpisodeStats(ret=z, length=z.astype(jnp.int32), done_return=zero, done_length=zero, done_count=zero)
 
 
 def update_episode_stats(stats: EpisodeStats, reward: jax.Array, done: jax.Array) -> EpisodeStats:
@@ -201,7 +202,7 @@ class Policy(NamedTuple):
 
 def init_obs_stats(obs_shape) -> ObsStats:
     """Nothing seen yet: mean 0, variance 1, so the first epoch sees its observations as they are (clipped)."""
-    return ObsStats(jnp.zeros(obs_shape, jnp.float32), jnp.ones(obs_shape, jnp.float32), jnp.float32(0))
+    return ObsStats(mean=jnp.zeros(obs_shape, jnp.float32), var=jnp.ones(obs_shape, jnp.float32), count=jnp.float32(0))
 
 
 def update_obs_stats(stats: ObsStats | None, obs: jax.Array,
@@ -209,7 +210,7 @@ def update_obs_stats(stats: ObsStats | None, obs: jax.Array,
     """`stats` merged with a batch `obs` `[..., *obs_shape]` of every device (Chan et al.'s parallel update);
     None when `stats` is None (`--normalize-obs` off).
 
-    Call inside `devices.compile_epoch`: the batch's mean and variance are those of
+    Call inside `devices.map_epoch`: the batch's mean and variance are those of
     every device's batch together (`lax.pmean`; every device holds a batch of the
     same size), so each device ends with the same statistics; each seed keeps its own.
     """
@@ -222,7 +223,7 @@ def update_obs_stats(stats: ObsStats | None, obs: jax.Array,
     total = stats.count + n
     delta = mean - stats.mean
     m2 = stats.var * stats.count + var * n + delta ** 2 * stats.count * n / total
-    return ObsStats(stats.mean + delta * n / total, m2 / total, total)
+    return ObsStats(mean=stats.mean + delta * n / total, var=m2 / total, count=total)
 
 
 def normalize_obs(stats: ObsStats | None, obs: jax.Array) -> jax.Array:

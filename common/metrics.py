@@ -1,6 +1,6 @@
 """Figures of a batch split over devices, as if one device held all of it.
 
-Inside `devices.compile_epoch` every device holds its share of the epoch's
+Inside `devices.map_epoch` every device holds its share of the epoch's
 batch. A mean over the batch is the mean of the devices' means (the shares are
 the same size), but a norm or a variance is not: the mean of per-device norms is
 off by sqrt(n_devices), and the mean of per-device variances misses the spread

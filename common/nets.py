@@ -54,7 +54,7 @@ def dense_init(key: jax.Array, n_in: int, n_out: int, scale: float) -> dict:
 
 
 def torso_init(keys: jax.Array, n_in: int, hidden: tuple[int, ...]) -> list:
-    """Hidden layers `n_in -> hidden[0] -> ... -> hidden[-1]`, one key each (`keys`: `[len(hidden), 2]`), scale sqrt 2."""
+    """Hidden layers `n_in -> hidden[0] -> ... -> hidden[-1]`, scale sqrt 2, one key each: `keys` `[len(hidden), 2]`."""
     sizes = (n_in,) + tuple(hidden)
     return [dense_init(k, a, b, np.sqrt(2)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
 

@@ -43,7 +43,7 @@ class Trainer(NamedTuple):
     """An algorithm, as pure functions of one (device, seed) slice of the runner state.
 
     `init(key) -> state` and `epoch(state) -> (state, metrics)` run under
-    `devices.compile_epoch`; `epoch` must average gradients over
+    `devices.map_epoch`; `epoch` must average gradients over
     `devices.DEVICE_AXIS`. `act(policy, obs, key)` is the greedy action for one
     observation; `policy(state)` picks what `act` needs out of the state (an
     `envs.Policy`: the policy's parameters and observation statistics). An `env`
@@ -52,7 +52,7 @@ class Trainer(NamedTuple):
     and `raw_obs_shape`, so that `checkpoints.load_agent` can keep windows for a caller.
     `rollout(state)`, where a script has it, returns what `epoch(state)` computes before
     its update (the rollout and its targets) from the same code, so that tests can check
-    the epoch's wiring; it runs under `devices.compile_epoch` as `epoch` does.
+    the epoch's wiring; it runs under `devices.map_epoch` as `epoch` does.
     """
 
     init: Callable
@@ -123,7 +123,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
             start_epoch, state = checkpoints.resume(setup.run_dir, setup.template, setup.hosts)
             done = finished(setup, start_epoch)
             if done is not None:
-                return Result(setup.run_dir, done)
+                return Result(run_dir=setup.run_dir, summary=done)
         start_outputs(setup, start_epoch)
 
         t0 = time.time()
@@ -132,8 +132,8 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         compile_time = time.time() - t0
         if config.eval_only:
             returns = programs.evaluate(state, start_epoch)
-            return Result(setup.run_dir, {"eval_return": float(returns.mean()),
-                                          "eval_return_per_seed": returns.tolist()})
+            return Result(run_dir=setup.run_dir, summary={"eval_return": float(returns.mean()),
+                                                          "eval_return_per_seed": returns.tolist()})
 
         logger = outputs.Logger(config, setup.run_dir, setup.host.is_chief)
         logger.start(setup.script, setup.trainer, setup.host.n_devices * setup.hosts, compile_time)
@@ -145,7 +145,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
         if setup.host.is_chief:
             outputs.write_json(setup.run_dir / "summary.json", summary, setup.run_dir)
             logger.close(summary)
-        return Result(setup.run_dir, summary)
+        return Result(run_dir=setup.run_dir, summary=summary)
 
 
 def prepare(config, make_trainer: Callable, script: str) -> Setup:
@@ -163,7 +163,8 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
                                 host.n_devices, init_key)
     init = sweep.lower_init(trainer, keys, config, script, host.n_devices)  # traced once: its output shapes
     check_memory(init.out_info, config, host.n_devices)
-    return Setup(config, script, run_dir, host, hosts, trainer, keys, eval_key, init, init.out_info)
+    return Setup(config=config, script=script, run_dir=run_dir, host=host, hosts=hosts, trainer=trainer, keys=keys,
+                 eval_key=eval_key, init=init, template=init.out_info)
 
 
 def check_memory(template, config, n_devices: int) -> None:
@@ -226,7 +227,7 @@ def compile_programs(setup: Setup) -> Programs:
     with ThreadPoolExecutor(1) as pool:
         side = pool.submit(compile_init_and_eval)
         k = loop.epochs_per_call(trainer.steps_per_epoch, trainer.num_epochs)
-        epochs = None if config.eval_only else devices.compile_epoch(
+        epochs = None if config.eval_only else devices.map_epoch(
             loop.chunk_epochs(trainer.epoch, k), n_devices, n_shared=1)
         if epochs is not None and setup.hosts == 1:  # jax 0.10 cannot run a pmap over hosts compiled
             epochs = epochs.lower(setup.template, 1).compile()  # ahead of time: it compiles at its first call
@@ -235,7 +236,7 @@ def compile_programs(setup: Setup) -> Programs:
     def evaluate(state, epoch):
         return np.asarray(evaluate_runs(first_device(trainer, state), jax.random.fold_in(setup.eval_key, epoch)))
 
-    return Programs(init, epochs, evaluate, k)
+    return Programs(init=init, epochs=epochs, evaluate=evaluate, k=k)
 
 
 def first_device(trainer: Trainer, state):
@@ -286,7 +287,7 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
         raise SystemExit(130)
     if epoch > start_epoch and epoch < trainer.num_epochs:
         save_checkpoint(setup, state, epoch)
-    return Progress(state, epoch, record, returns, train_time)
+    return Progress(state=state, epoch=epoch, record=record, returns=returns, train_time=train_time)
 
 
 def check_losses(setup: Setup, record: dict, epoch: int) -> None:

@@ -74,11 +74,11 @@ def lower_init(trainer, keys, config, script: str, n_devices: int):
     A member's values are traced numbers: a script that reads a swept flag
     outside the compiled math (to choose a branch) cannot sweep it in one program.
     """
-    init = devices.compile_init(trainer.init)
+    init = devices.map_init(trainer.init)
     try:
         lowered = init.lower(keys)
         if config.sweep:
-            jax.eval_shape(devices.compile_epoch(trainer.epoch, n_devices), lowered.out_info)
+            jax.eval_shape(devices.map_epoch(trainer.epoch, n_devices), lowered.out_info)
     except jax.errors.JAXTypeError as error:
         if not config.sweep:
             raise

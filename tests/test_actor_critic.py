@@ -50,8 +50,8 @@ def compiled(**overrides):
     config = tiny(**overrides)
     trainer = make_trainer(config)
     keys = run_keys(0, config.n_devices)
-    init = devices.compile_init(trainer.init).lower(keys)
-    epoch = devices.compile_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
+    init = devices.map_init(trainer.init).lower(keys)
+    epoch = devices.map_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
     return config, trainer, init.compile(run.FAST_COMPILE), epoch.compile(run.FAST_COMPILE)
 
 
@@ -241,7 +241,7 @@ def test_pmean_of_half_batch_gradients_equals_full_batch_gradient(loss_name):
 
     replicated = jax.tree.map(lambda x: jnp.broadcast_to(x, (2, 1) + x.shape), params)  # [devices, seeds, ...]
     halves = jax.tree.map(lambda x: x.reshape((2, 1, 32) + x.shape[1:]), batch)
-    grads = host(devices.compile_epoch(grad, 2, donate=False).lower((replicated, halves))
+    grads = host(devices.map_epoch(grad, 2, donate=False).lower((replicated, halves))
                  .compile(run.FAST_COMPILE)((replicated, halves)))
     full = host(jax.grad(loss, has_aux=True)(params, batch)[0])
     for device in range(2):
@@ -303,8 +303,8 @@ def test_ppo_defaults_take_several_minibatch_steps_and_differ_from_a2c():
     for loss in ("a2c", "ppo"):  # the defaults, apart from the loss: one epoch from the same state
         trainer = make_trainer(Config(loss=loss, n_devices=1))
         keys = devices.seed_keys(jax.random.PRNGKey(0), 1, 1)
-        state = devices.compile_init(trainer.init)(keys)
-        state, _ = devices.compile_epoch(trainer.epoch, 1)(state)
+        state = devices.map_init(trainer.init)(keys)
+        state, _ = devices.map_epoch(trainer.epoch, 1)(state)
         policies[loss] = host(state.policy_params)
         counts = [x for x in jax.tree.leaves(host(state.policy_opt_state)) if x.dtype == np.int32]
         assert all(np.all(x == {"a2c": 1, "ppo": 16}[loss]) for x in counts)

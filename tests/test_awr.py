@@ -238,7 +238,7 @@ def test_reweight_divides_by_the_sum_of_the_importance_weighted_mask():
 def compiled_run(n_devices, **overrides):
     trainer = make_trainer(Config(**{**TINY, **overrides}, n_devices=n_devices))
     keys = devices.seed_keys(jax.random.PRNGKey(0), 1, n_devices)
-    return trainer, devices.compile_init(trainer.init)(keys), devices.compile_epoch(trainer.epoch, n_devices)
+    return trainer, devices.map_init(trainer.init)(keys), devices.map_epoch(trainer.epoch, n_devices)
 
 
 @pytest.mark.parametrize("flags", [{}, {"q_value": True, "n_samples": 2, "q_aggregate": "logsumexp", "reweight": True}],

@@ -48,9 +48,9 @@ def test_seed_keys_shape_and_identical_across_devices():
     assert not any(np.array_equal(k, rng) for k in host)  # split, not the run key itself
 
 
-def test_device_key_differs_per_device_under_compile_epoch():
+def test_device_key_differs_per_device_under_map_epoch():
     keys = devices.seed_keys(jax.random.PRNGKey(0), num_seeds=3, n_devices=2)
-    out = np.asarray(devices.compile_epoch(devices.device_key, 2, donate=False)(keys))
+    out = np.asarray(devices.map_epoch(devices.device_key, 2, donate=False)(keys))
     chex.assert_shape(out, keys.shape)
     for s in range(3):
         assert not np.array_equal(out[0, s], out[1, s])
@@ -67,20 +67,20 @@ def test_single_device_path_matches_pmap_path():
     def fn(key):
         return jax.random.normal(devices.device_key(key), (3,))
 
-    out2 = devices.compile_epoch(fn, 2, donate=False)(keys2)
-    out1 = devices.compile_epoch(fn, 1, donate=False)(keys1)
+    out2 = devices.map_epoch(fn, 2, donate=False)(keys2)
+    out1 = devices.map_epoch(fn, 1, donate=False)(keys1)
     np.testing.assert_array_equal(out1[0], out2[0])
     assert not np.array_equal(out2[0], out2[1])
 
 
 @pytest.mark.parametrize("n_devices", [1, 2])
-def test_compile_epoch_pmean_averages_over_devices(n_devices):
+def test_map_epoch_pmean_averages_over_devices(n_devices):
     x = jnp.arange(n_devices * 3, dtype=jnp.float32).reshape(n_devices, 3) ** 2  # [devices, seeds]
 
     def fn(v):
         return jax.lax.pmean(v, devices.DEVICE_AXIS), jax.lax.axis_index(devices.DEVICE_AXIS)
 
-    mean, index = devices.compile_epoch(fn, n_devices, donate=False)(x)
+    mean, index = devices.map_epoch(fn, n_devices, donate=False)(x)
     np.testing.assert_allclose(mean, np.broadcast_to(np.asarray(x).mean(0), x.shape))
     np.testing.assert_array_equal(index, np.broadcast_to(np.arange(n_devices)[:, None], x.shape))
 
@@ -92,17 +92,17 @@ def test_unreplicate():
     np.testing.assert_array_equal(out["b"][0], np.ones((3, 4)))
 
 
-def test_compile_init_on_one_device_equals_the_pmap_path():
+def test_map_init_on_one_device_equals_the_pmap_path():
     """The runner state is built on one device with the device axis vmapped; device keys still differ."""
     keys = devices.seed_keys(jax.random.PRNGKey(2), num_seeds=2, n_devices=2)
 
     def fn(key):
         return jax.random.normal(devices.device_key(key), (3,))
 
-    one = devices.compile_init(fn)(keys)
+    one = devices.map_init(fn)(keys)
     assert len(one.sharding.device_set) == 1
     chex.assert_shape(one, (2, 2, 3))
-    np.testing.assert_array_equal(one, devices.compile_epoch(fn, 2, donate=False)(keys))
+    np.testing.assert_array_equal(one, devices.map_epoch(fn, 2, donate=False)(keys))
     assert not np.array_equal(one[0], one[1])
 
 
@@ -135,8 +135,8 @@ def test_no_script_compiles_a_lapack_call(name):
     module = importlib.import_module(f"algos.{name}")
     config = module.Config(num_seeds=2, **({"q_value": True, "n_samples": 4} if name == "awr" else {}))
     trainer = module.make_trainer(config)
-    init = devices.compile_init(trainer.init).lower(devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
-    epoch = devices.compile_epoch(trainer.epoch, 1, donate=False).lower(init.out_info)
+    init = devices.map_init(trainer.init).lower(devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
+    epoch = devices.map_epoch(trainer.epoch, 1, donate=False).lower(init.out_info)
     for program in (init, epoch):
         assert "custom_call" not in program.as_text()
 
@@ -159,9 +159,9 @@ def test_epoch_on_two_devices_equals_the_one_device_program(name):
     (the two compile the per-device math with different batch sizes)."""
     module = importlib.import_module(f"algos.{name}")
     trainer = module.make_trainer(module.Config(n_devices=2, num_seeds=2, **SMALL[name]))
-    two = one = devices.compile_init(trainer.init)(devices.seed_keys(jax.random.PRNGKey(0), 2, 2))
+    two = one = devices.map_init(trainer.init)(devices.seed_keys(jax.random.PRNGKey(0), 2, 2))
     quick = lambda fn: fn.lower(one).compile(run.FAST_COMPILE)  # noqa: E731
-    on_two_devices = quick(devices.compile_epoch(trainer.epoch, 2, donate=False))
+    on_two_devices = quick(devices.map_epoch(trainer.epoch, 2, donate=False))
     on_one_device = quick(jax.jit(jax.vmap(jax.vmap(trainer.epoch), axis_name=devices.DEVICE_AXIS)))
     assert len(on_one_device(one)[0].obs.sharding.device_set) == 1
     for _ in range(3):
@@ -181,11 +181,11 @@ def test_value_metrics_count_every_devices_batch(name):
     the explained variance are the one-device figures (the mean of per-device norms was not)."""
     module = importlib.import_module(f"algos.{name}")
     trainer = module.make_trainer(module.Config(n_devices=1, num_seeds=2, **SMALL[name]))
-    one = devices.compile_init(trainer.init)(devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
+    one = devices.map_init(trainer.init)(devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
     two = jax.tree.map(lambda x: jnp.concatenate([x, x]), one)  # [2, seeds, ...]: device 1 a copy of device 0
     quick = lambda fn, state: fn.lower(state).compile(run.FAST_COMPILE)(state)  # noqa: E731
-    _, on_one = quick(devices.compile_epoch(trainer.epoch, 1, donate=False), one)
-    _, on_two = quick(devices.compile_epoch(trainer.epoch, 2, donate=False), two)
+    _, on_one = quick(devices.map_epoch(trainer.epoch, 1, donate=False), one)
+    _, on_two = quick(devices.map_epoch(trainer.epoch, 2, donate=False), two)
     close = lambda x, y, key: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=key)  # noqa: E731
     for key, value in on_one.items():
         for device in range(2):
@@ -265,8 +265,8 @@ def test_two_devices_holding_halves_train_as_one_device_holding_everything(name,
     two_trainer, one_trainer = make(2), make(1)
     quick = lambda fn, *args: fn.lower(*args).compile(run.FAST_COMPILE)  # noqa: E731
     keys = devices.seed_keys(jax.random.PRNGKey(0), 1, 2)
-    two = quick(devices.compile_init(two_trainer.init), keys)(keys)
-    template = jax.eval_shape(devices.compile_init(one_trainer.init), keys[:1])
+    two = quick(devices.map_init(two_trainer.init), keys)(keys)
+    template = jax.eval_shape(devices.map_init(one_trainer.init), keys[:1])
 
     def join(x, like):  # [2, seeds, ...] -> [1, seeds, ...]: device 0's copy, or both devices' environments
         for axis, (a, b) in enumerate(zip(x.shape[1:], like.shape[1:]), 1):
@@ -277,8 +277,8 @@ def test_two_devices_holding_halves_train_as_one_device_holding_everything(name,
 
     to_one = lambda state: jax.tree.map(join, state, template)  # noqa: E731
     one = to_one(two)
-    on_two = quick(devices.compile_epoch(two_trainer.epoch, 2, donate=False), two)
-    on_one = quick(devices.compile_epoch(one_trainer.epoch, 1, donate=False), one)
+    on_two = quick(devices.map_epoch(two_trainer.epoch, 2, donate=False), two)
+    on_one = quick(devices.map_epoch(one_trainer.epoch, 1, donate=False), one)
     for _ in range(3):
         (two, two_metrics), (one, one_metrics) = on_two(two), on_one(one)
     first, second = (jax.tree.map(lambda x, i=i: np.asarray(x[i]), two) for i in range(2))

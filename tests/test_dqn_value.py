@@ -60,8 +60,8 @@ class Compiled:
         with mock.patch.object(envs, "make_env", time_limited):
             self.trainer = make_trainer(config)
         assert self.trainer.env_params.max_steps_in_episode == TIME_LIMIT
-        self.init = devices.compile_init(self.trainer.init)
-        self.epoch = devices.compile_epoch(self.trainer.epoch, config.n_devices)
+        self.init = devices.map_init(self.trainer.init)
+        self.epoch = devices.map_epoch(self.trainer.epoch, config.n_devices)
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,9 +214,9 @@ def test_pmean_of_half_batch_gradients_equals_full_batch():
 
     add_axes = lambda n: lambda x: jnp.broadcast_to(x, (n, 1) + x.shape)  # noqa: E731  [D, seeds, ...]
     halves = jax.tree.map(lambda x: x.reshape((2, 1, 32) + x.shape[1:]), batch)
-    two = host(devices.compile_epoch(step, 2, donate=False)((jax.tree.map(add_axes(2), params), halves)))
-    one = host(devices.compile_epoch(step, 1, donate=False)((jax.tree.map(add_axes(1), params),
-                                                              jax.tree.map(lambda x: x[None, None], batch))))
+    two = host(devices.map_epoch(step, 2, donate=False)((jax.tree.map(add_axes(2), params), halves)))
+    one = host(devices.map_epoch(step, 1, donate=False)((jax.tree.map(add_axes(1), params),
+                                                          jax.tree.map(lambda x: x[None, None], batch))))
     at = lambda tree, i: jax.tree.map(lambda x: x[i, 0], tree)  # noqa: E731
     chex.assert_trees_all_equal(at(two, 0), at(two, 1))
     chex.assert_trees_all_close(at(two, 0), at(one, 0), rtol=1e-5, atol=1e-6)
@@ -397,7 +397,7 @@ def test_two_devices_two_seeds_resume_with_the_replay(tmp_path):
                         make_trainer).summary
     assert whole["epoch"] == resumed["epoch"] == 6 and len(whole["eval_return_per_seed"]) == 2
     assert resumed["eval_return_per_seed"] == whole["eval_return_per_seed"]
-    template = jax.eval_shape(devices.compile_init(make_trainer(Config(**RUN)).init), run_keys(3, 2, 2))
+    template = jax.eval_shape(devices.map_init(make_trainer(Config(**RUN)).init), run_keys(3, 2, 2))
     state, epoch = checkpoints.load(checkpoints.latest(tmp_path / "whole" / "checkpoints"), template)
     part, _ = checkpoints.load(checkpoints.latest(tmp_path / "part" / "checkpoints"), template)
     assert epoch == 6

@@ -81,14 +81,14 @@ def test_every_script_trains_and_acts_on_cartpole_without_velocities(script):
     keys = devices.seed_keys(jax.random.PRNGKey(0), 1, 1)
 
     def first_action(keys):  # the state of device 0, seed 0, as trained and checkpointed
-        policy = jax.tree.map(lambda x: x[0, 0], trainer.policy(devices.compile_init(trainer.init)(keys)))
+        policy = jax.tree.map(lambda x: x[0, 0], trainer.policy(devices.map_init(trainer.init)(keys)))
         return trainer.act(policy, obs, jax.random.PRNGKey(1))
 
     assert jax.eval_shape(first_action, keys).shape == ()  # one discrete action
     reset_obs, _ = jax.eval_shape(env.reset, jax.random.PRNGKey(0), trainer.env_params)
     assert reset_obs.shape == obs.shape
-    state = jax.eval_shape(devices.compile_init(trainer.init), keys)  # an epoch traces: rollout, targets, update
-    after, metrics = jax.eval_shape(devices.compile_epoch(trainer.epoch, 1, donate=False), state)
+    state = jax.eval_shape(devices.map_init(trainer.init), keys)  # an epoch traces: rollout, targets, update
+    after, metrics = jax.eval_shape(devices.map_epoch(trainer.epoch, 1, donate=False), state)
     assert jax.tree.structure(after) == jax.tree.structure(state) and "episode/return" in metrics
 
 

@@ -36,7 +36,7 @@ def test_bad_sweeps_are_rejected_before_compiling(capsys, sweep, message):
 
 def final_params(out_dir, config):
     trainer, keys = sweep.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
-    template = jax.eval_shape(devices.compile_init(trainer.init), keys)
+    template = jax.eval_shape(devices.map_init(trainer.init), keys)
     state, _ = checkpoints.load(checkpoints.latest(out_dir / "checkpoints"), template)
     return trainer.policy(devices.unreplicate(state))  # [runs, ...]
 
@@ -71,8 +71,8 @@ def test_every_script_sweeps_in_one_program(name, flag):
     value = getattr(module.Config(), flag)
     config = module.Config(n_devices=1, num_seeds=2, sweep=(f"{flag}={value},{value / 2}",))
     trainer, keys = sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
-    init = devices.compile_init(trainer.init).lower(keys)
-    state, metrics = jax.eval_shape(devices.compile_epoch(trainer.epoch, 1), init.out_info)
+    init = devices.map_init(trainer.init).lower(keys)
+    state, metrics = jax.eval_shape(devices.map_epoch(trainer.epoch, 1), init.out_info)
     assert jax.tree.leaves(metrics)[0].shape[:2] == (1, 4)  # [devices, members x seeds]
 
 

@@ -22,10 +22,10 @@ def test_residual_metrics_on_two_devices_are_those_of_the_whole_batch_on_one(off
     shift = np.array([-1.0, 2.0])[:, None, None, None]  # [devices, seeds, T, B]
     targets = (offset + shift + rng.normal(size=(2, 3, 16, 4))).astype(np.float32)
     residual = (0.5 * shift + 0.3 * rng.normal(size=(2, 3, 16, 4))).astype(np.float32)
-    fn = lambda data: residual_metrics(*data)  # noqa: E731  (compile_epoch maps its first argument)
-    on_two = devices.compile_epoch(fn, 2, donate=False)((jnp.asarray(residual), jnp.asarray(targets)))
+    fn = lambda data: residual_metrics(*data)  # noqa: E731  (map_epoch maps its first argument)
+    on_two = devices.map_epoch(fn, 2, donate=False)((jnp.asarray(residual), jnp.asarray(targets)))
     whole = lambda x: jnp.asarray(np.concatenate([x[0], x[1]], 1)[None])  # noqa: E731  [1, seeds, 2T, B]
-    on_one = devices.compile_epoch(fn, 1, donate=False)((whole(residual), whole(targets)))
+    on_one = devices.map_epoch(fn, 1, donate=False)((whole(residual), whole(targets)))
     for name, value in on_two.items():
         value = np.asarray(value)
         np.testing.assert_array_equal(value[0], value[1])  # every device holds the same figures

@@ -80,7 +80,7 @@ def test_two_processes_train_one_run(tmp_path):
 
     config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=128, n_devices=2)
     trainer = ppo_joint.make_trainer(config)
-    template = jax.eval_shape(devices.compile_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 1, 2))
+    template = jax.eval_shape(devices.map_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 1, 2))
     state, epoch = checkpoints.load(checkpoints.latest(tmp_path / "run0" / "checkpoints"), template)
     assert epoch == trainer.num_epochs == 2
     for tree in (state.params, state.opt_state):
@@ -109,8 +109,8 @@ DRIVER = textwrap.dedent("""
     devices.init_distributed()  # from $JTRAX_*
     is_chief, n, rng = devices.init_host_and_devices()  # no seed: the chief's clock
     keys = devices.seed_keys(rng, 2, n)
-    init = devices.compile_init(devices.device_key)(keys)
-    epoch = devices.compile_epoch(devices.device_key, n, donate=False)(keys)
+    init = devices.map_init(devices.device_key)(keys)
+    epoch = devices.map_epoch(devices.device_key, n, donate=False)(keys)
     print(json.dumps({"chief": is_chief, "count": jax.process_count(), "rng": np.asarray(rng).tolist(),
                       "init": np.asarray(init).tolist(), "epoch": np.asarray(epoch).tolist()}))
 """)

@@ -34,7 +34,7 @@ def batches(seed, n, shape, scale=3.0, shift=5.0):
             .astype(np.float32) for _ in range(n)]
 
 
-# one device: a vmap of size 1 carrying the device axis, as compile_epoch builds it
+# one device: a vmap of size 1 carrying the device axis, as map_epoch builds it
 update_one = jax.jit(jax.vmap(envs.update_obs_stats, axis_name=devices.DEVICE_AXIS))
 
 
@@ -62,7 +62,7 @@ def test_update_obs_stats_merges_devices_and_keeps_seeds_apart():
     shift = np.array([[5.0, -1.0], [-3.0, 2.0]])[:, None, None, :]  # per seed
     data = [(rng.normal(size=(2, 2, 6, 4, 2)) * rng.random((2, 2, 1, 1, 2)) * 3 + shift).astype(np.float32)
             for _ in range(3)]
-    update = devices.compile_epoch(lambda s: (envs.update_obs_stats(*s), s[1]), 2, donate=False)
+    update = devices.map_epoch(lambda s: (envs.update_obs_stats(*s), s[1]), 2, donate=False)
     stats = jax.tree.map(lambda x: jnp.broadcast_to(x, (2, 2) + x.shape), envs.init_obs_stats((2,)))
     for i, batch in enumerate(data):
         stats, _ = update((stats, jnp.asarray(batch)))
@@ -127,8 +127,8 @@ def compiled(name, **overrides):
     config = config_of(name, **overrides)
     trainer = SCRIPTS[name][0].make_trainer(config)
     keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, config.n_devices)
-    init = devices.compile_init(trainer.init).lower(keys)
-    epoch = devices.compile_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
+    init = devices.map_init(trainer.init).lower(keys)
+    epoch = devices.map_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
     init = init.compile(run.FAST_COMPILE)
     return config, trainer, lambda: init(keys), epoch.compile(run.FAST_COMPILE)
 
@@ -249,7 +249,7 @@ def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
     # the checkpoint holds the statistics: 6 epochs of 64 steps, the same as the uninterrupted run's
     config = ppo_joint.Config(**RUN)
     trainer = make(config)
-    template = jax.eval_shape(devices.compile_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
+    template = jax.eval_shape(devices.map_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
     states = [checkpoints.load(checkpoints.latest(tmp_path / d / "checkpoints"), template)[0]
               for d in ("whole", "part")]
     chex.assert_trees_all_equal(*states)

@@ -44,12 +44,12 @@ def run_keys(seed: int, num_seeds: int = NUM_SEEDS, n_devices: int = 1):
 
 
 class Compiled:
-    """A trainer with its init and epoch compiled by `compile_epoch`; `traces` counts epoch traces."""
+    """A trainer with its init and epoch compiled by `map_epoch`; `traces` counts epoch traces."""
 
     def __init__(self, config: Config):
         self.config = config
         self.trainer = make_trainer(config)
-        init = devices.compile_init(self.trainer.init)  # as train() does: on one device
+        init = devices.map_init(self.trainer.init)  # as train() does: on one device
         # then spread over the devices as the epoch's pmap returns it (else its next call retraces)
         spread = jax.pmap(lambda state: state, axis_name=devices.DEVICE_AXIS)
         self.init = init if config.n_devices == 1 else lambda keys: spread(init(keys))
@@ -59,7 +59,7 @@ class Compiled:
             self.traces += 1
             return self.trainer.epoch(state)
 
-        self.epoch = devices.compile_epoch(epoch, config.n_devices)
+        self.epoch = devices.map_epoch(epoch, config.n_devices)
 
 
 @functools.lru_cache(maxsize=None)
@@ -281,7 +281,7 @@ class EpochVariantsTest(chex.TestCase):
 def test_compiled_epoch_is_traced_once(n_devices, num_seeds):
     c = compiled(n_devices=n_devices)
     chex.clear_trace_counter()
-    epoch = devices.compile_epoch(chex.assert_max_traces(c.trainer.epoch, n=1), n_devices)
+    epoch = devices.map_epoch(chex.assert_max_traces(c.trainer.epoch, n=1), n_devices)
     state = c.init(run_keys(0, num_seeds, n_devices))
     shapes = jax.eval_shape(lambda s: s, state)
     for _ in range(4):
@@ -297,8 +297,8 @@ def test_compiled_epoch_is_traced_once(n_devices, num_seeds):
 def test_runner_state_types_are_stable(env):
     """epoch(state) returns leaves of the same shape, dtype AND weak type, so a jitted epoch never retraces."""
     trainer = make_trainer(tiny(env=env))
-    state = jax.eval_shape(devices.compile_init(trainer.init), run_keys(0))
-    after, _ = jax.eval_shape(devices.compile_epoch(trainer.epoch, 1), state)
+    state = jax.eval_shape(devices.map_init(trainer.init), run_keys(0))
+    after, _ = jax.eval_shape(devices.map_epoch(trainer.epoch, 1), state)
     changed = [f"{jax.tree_util.keystr(path)}: {a} -> {b}"
                for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(state)[0], jax.tree.leaves(after))
                if (a.shape, a.dtype, a.weak_type) != (b.shape, b.dtype, b.weak_type)]
@@ -374,9 +374,9 @@ def test_pmean_of_half_batch_gradients_equals_full_batch_step():
 
     add_axes = lambda n: lambda x: jnp.broadcast_to(x, (n, 1) + x.shape)  # noqa: E731  [D, seeds, ...]
     halves = jax.tree.map(lambda x: x.reshape((2, 1, 32) + x.shape[1:]), batch)
-    grads2, params2 = devices.compile_epoch(step, 2, donate=False)((jax.tree.map(add_axes(2), params), halves))
-    grads1, params1 = devices.compile_epoch(step, 1, donate=False)(
-        (jax.tree.map(add_axes(1), params), jax.tree.map(lambda x: x[None, None], batch)))
+    grads2, params2 = devices.map_epoch(step, 2, donate=False)((jax.tree.map(add_axes(2), params), halves))
+    grads1, params1 = devices.map_epoch(step, 1, donate=False)(
+    (jax.tree.map(add_axes(1), params), jax.tree.map(lambda x: x[None, None], batch)))
     assert len(grads2["torso"][0]["w"].sharding.device_set) == 2  # really on two devices
     device = lambda tree, i: jax.tree.map(lambda x: x[i, 0], host(tree))  # noqa: E731
     chex.assert_trees_all_equal(device(grads2, 0), device(grads2, 1))
@@ -444,12 +444,12 @@ def test_checkpoint_mismatched_template(tmp_path, init_state):
     c, state = init_state
     path = checkpoints.save(tmp_path, state, 1)
     wider = make_trainer(tiny(hidden=(64, 32)))
-    template = jax.eval_shape(devices.compile_init(wider.init), run_keys(0))
+    template = jax.eval_shape(devices.map_init(wider.init), run_keys(0))
     with pytest.raises(ValueError, match=r"leaf \d+ is .* expects") as info:
         checkpoints.load(path, template)
     assert str(path) in str(info.value) and "--out-dir" in str(info.value)
     other = make_trainer(tiny(env="Pendulum-v1"))
-    template = jax.eval_shape(devices.compile_init(other.init), run_keys(0))
+    template = jax.eval_shape(devices.map_init(other.init), run_keys(0))
     with pytest.raises(ValueError, match="different state structure"):
         checkpoints.load(path, template)
 
@@ -545,7 +545,7 @@ def test_divergence_stops_with_last_good_checkpoint(tmp_path):
     assert "loss/joint" in message and "epoch 3" in message and "diverged" in message
     assert f"Last good checkpoint: {good}" in message
     assert checkpoints.latest(run_dir / "checkpoints") == good  # the diverged state was not saved
-    template = jax.eval_shape(devices.compile_init(make_trainer(absurd).init),
+    template = jax.eval_shape(devices.map_init(make_trainer(absurd).init),
                               run_keys(3))
     state, epoch = checkpoints.load(good, template)
     assert epoch == 2
@@ -569,7 +569,7 @@ def test_divergence_of_one_seed_stops_the_run(tmp_path):
 
         return trainer._replace(init=init)
 
-    state = devices.compile_init(make_poisoned_trainer(config).init)(run_keys(config.seed, 2))
+    state = devices.map_init(make_poisoned_trainer(config).init)(run_keys(config.seed, 2))
     w = np.asarray(state.params["torso"][0]["w"])
     assert np.isnan(w[0, 0]).all() and np.isfinite(w[0, 1]).all()  # the poison hits exactly one seed
     with pytest.raises(SystemExit, match="diverged"):

@@ -185,7 +185,7 @@ def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path):
     run.train(cfg, ppo_joint.make_trainer, "ppo_joint")
     trainer, keys = sweep.build(cfg, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
     (inner, values), _ = checkpoints.load(checkpoints.latest(tmp_path / "checkpoints"),
-                                             jax.eval_shape(devices.compile_init(trainer.init), keys))
+                                             jax.eval_shape(devices.map_init(trainer.init), keys))
     np.testing.assert_array_equal(values["lr"][0], np.float32([0.01, 0.01, 0.001, 0.001]))
     obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
     every = np.asarray(checkpoints.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer)(obs))
@@ -221,8 +221,8 @@ def test_a_swept_member_trains_as_the_run_with_its_value(name):
     def train(cfg):  # the run's parameters after 2 epochs, [runs, ...]
         trainer, keys = sweep.build(cfg, module.make_trainer, 1, jax.random.PRNGKey(0))
         quick = lambda fn, *args: fn.lower(*args).compile(run.FAST_COMPILE)  # noqa: E731
-        state = quick(devices.compile_init(trainer.init), keys)(keys)
-        epoch = quick(devices.compile_epoch(trainer.epoch, 1, donate=False), state)
+        state = quick(devices.map_init(trainer.init), keys)(keys)
+        epoch = quick(devices.map_epoch(trainer.epoch, 1, donate=False), state)
         for _ in range(2):
             state, _ = epoch(state)
         return trainer.policy(devices.unreplicate(state))

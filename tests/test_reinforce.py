@@ -45,8 +45,8 @@ def compiled(**overrides):
     config = tiny(**overrides)
     trainer = make_trainer(config)
     keys = run_keys(0, config.n_devices)
-    init = devices.compile_init(trainer.init).lower(keys)
-    epoch = devices.compile_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
+    init = devices.map_init(trainer.init).lower(keys)
+    epoch = devices.map_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
     return config, init.compile(run.FAST_COMPILE), epoch.compile(run.FAST_COMPILE)
 
 
@@ -116,7 +116,7 @@ def test_one_state_type_with_or_without_normalize_obs():
     states = {}
     for flag in (False, True):
         trainer = make_trainer(tiny(normalize_obs=flag))
-        state = states[flag] = jax.eval_shape(devices.compile_init(trainer.init), run_keys(0))
+        state = states[flag] = jax.eval_shape(devices.map_init(trainer.init), run_keys(0))
         assert type(state) is reinforce.RunnerState and (state.obs_stats is None) == (not flag)
         policy = trainer.policy(state)
         assert type(policy) is envs.Policy and policy.params is state.params and policy.obs_stats is state.obs_stats

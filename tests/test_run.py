@@ -156,7 +156,7 @@ def test_load_agent_acts_as_the_saved_policy(tmp_path, monkeypatch):
     # the same actions as the trainer's own greedy policy on the checkpoint's parameters (device 0, seed 1)
     trainer = ppo_joint.make_trainer(config)
     state, _ = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), jax.eval_shape(
-        devices.compile_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 2)))
+        devices.map_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 2)))
     params = jax.tree.map(lambda x: x[0, 1], state.params)
     np.testing.assert_array_equal(both[1], [int(trainer.act(params, o, None)) for o in obs])
     with pytest.raises(cli.ConfigError, match="the run has 2 seed"):

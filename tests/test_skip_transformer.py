@@ -190,10 +190,10 @@ class Compiled:
             self.traces += 1
             return self.trainer.epoch(state)
 
-        self.epoch = devices.compile_epoch(epoch, config.n_devices)
+        self.epoch = devices.map_epoch(epoch, config.n_devices)
 
     def init(self, keys):
-        init = devices.compile_init(self.trainer.init).lower(keys).compile(run.FAST_COMPILE)  # as train() does
+        init = devices.map_init(self.trainer.init).lower(keys).compile(run.FAST_COMPILE)  # as train() does
         if self.config.n_devices == 1:
             return init(keys)
         return jax.pmap(lambda state: state, axis_name=devices.DEVICE_AXIS)(init(keys))  # as the epoch's pmap
@@ -253,7 +253,7 @@ def test_epoch_skips_blocks_behind_an_unbatched_cond(skip_fraction, conds):
     A batched predicate would have turned them into selects that run every block.
     """
     trainer = make_trainer(tiny(skip_fraction=skip_fraction))
-    state = jax.eval_shape(devices.compile_init(trainer.init), run_keys(0))
+    state = jax.eval_shape(devices.map_init(trainer.init), run_keys(0))
     jaxpr = jax.make_jaxpr(jax.vmap(jax.vmap(trainer.epoch), axis_name=devices.DEVICE_AXIS))(state)
     assert count_primitive(jaxpr.jaxpr, "cond") == conds
 
@@ -418,7 +418,7 @@ def test_load_agent_keeps_each_environments_window_as_training_does(saved_run):
     training code's policy on them: every seed at once, each seed alone, one environment or a batch."""
     config = cli.load_config(Config, saved_run)
     trainer = make_trainer(config)
-    template = jax.eval_shape(devices.compile_init(trainer.init), run_keys(0))
+    template = jax.eval_shape(devices.map_init(trainer.init), run_keys(0))
     state, _ = checkpoints.load(checkpoints.latest(saved_run / "checkpoints"), template)
     params = trainer.policy(devices.unreplicate(state))  # [seeds, ...]
     env, env_params = trainer.env, trainer.env_params.replace(max_steps_in_episode=12)  # truncations too

@@ -163,7 +163,7 @@ def test_eval_mode_runs_every_layer_or_the_first_eval_depth():
 # ----------------------------------------------------------------------------
 def test_vmapped_copies_share_the_first_copys_draw_and_keep_the_cond():
     layers, params, x = stack()
-    keys = jax.random.split(jax.random.PRNGKey(3), 6).reshape(2, 3, 2)  # [devices, seeds] as compile_epoch
+    keys = jax.random.split(jax.random.PRNGKey(3), 6).reshape(2, 3, 2)  # [devices, seeds] as map_epoch
     steps = jnp.full((2, 3), 10**6)
 
     def f(x, step, key):
@@ -194,10 +194,10 @@ def test_same_key_on_two_devices_draws_the_same_depth():
         return jnp.stack([skipping.n_forward_layers(s, jax.random.fold_in(key, s), N_LAYERS, "train", 0.5, 0)
                           for s in range(8)])
 
-    shared = np.asarray(devices.compile_epoch(lambda k: draw(k, False), 2, donate=False)(keys))
+    shared = np.asarray(devices.map_epoch(lambda k: draw(k, False), 2, donate=False)(keys))
     assert np.all(shared == shared[0, 0])  # every device and every seed draws the same 8 depths
     assert len(np.unique(shared[0, 0])) == 8  # a new depth each step
-    per_device = np.asarray(devices.compile_epoch(lambda k: draw(k, True), 2, donate=False)(keys))
+    per_device = np.asarray(devices.map_epoch(lambda k: draw(k, True), 2, donate=False)(keys))
     assert not np.array_equal(per_device[0], per_device[1])  # a device-folded key would disagree
 
 

@@ -54,16 +54,16 @@ class Compiled:
             self.trainer = module.make_trainer(config)
         self.config = config
         keys = devices.seed_keys(jax.random.PRNGKey(3), config.num_seeds, config.n_devices)
-        init = devices.compile_init(self.trainer.init).lower(keys)
+        init = devices.map_init(self.trainer.init).lower(keys)
         self.init = functools.partial(init.compile(run.FAST_COMPILE), keys)
         self.state_info = init.out_info
-        self.rollout = devices.compile_epoch(self.trainer.rollout, config.n_devices, donate=False).lower(
-            init.out_info).compile(run.FAST_COMPILE)
+        self.rollout = devices.map_epoch(self.trainer.rollout, config.n_devices, donate=False).lower(
+        init.out_info).compile(run.FAST_COMPILE)
 
     @functools.cached_property
     def epoch(self):
-        return devices.compile_epoch(self.trainer.epoch, self.config.n_devices, donate=False).lower(
-            self.state_info).compile(run.FAST_COMPILE)
+        return devices.map_epoch(self.trainer.epoch, self.config.n_devices, donate=False).lower(
+        self.state_info).compile(run.FAST_COMPILE)
 
     def state_after_warmup(self):
         state = self.init()
