@@ -33,6 +33,7 @@ from common.metrics import residual_metrics  # noqa: E402
 
 @dataclasses.dataclass(frozen=True)
 class Config(cli.RunConfig):
+    SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     num_envs: int = 8
     """parallel environments (split over devices)"""
     num_steps: int = 128
@@ -332,7 +333,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
     def optimizer(lr: float, schedule: str, n_steps: int):
         lr = optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps) if schedule == "linear" else lr
-        clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
+        clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
         return optax.chain(clip, optax.adam(lr, eps=1e-5))
 
     policy_tx = optimizer(config.policy_lr, config.policy_lr_schedule, config.policy_steps)

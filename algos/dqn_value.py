@@ -36,6 +36,7 @@ from common import cli, devices, envs, nets, run  # noqa: E402
 
 @dataclasses.dataclass(frozen=True)
 class Config(cli.RunConfig):
+    SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     total_steps: int = 150_000
     """environment steps to train for (per seed)"""
     num_envs: int = 10
@@ -283,7 +284,7 @@ def make_trainer(config: Config) -> run.Trainer:
     obs_shape = tuple(env.observation_space(env_params).shape)
     n_updates = layout.num_epochs * config.update_steps
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
-    clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
+    clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
     # one flat vector for the optimiser: a few large kernels per step instead of a few per layer
     tx = optax.flatten(optax.chain(clip, optax.adam(lr)))
     q_values = jax.vmap(network, (None, 0, None))

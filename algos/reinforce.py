@@ -31,6 +31,7 @@ from common.distributions import make_distribution  # noqa: E402
 
 @dataclasses.dataclass(frozen=True)
 class Config(cli.RunConfig):
+    SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     num_envs: int = 8
     """parallel environments (split over devices)"""
     num_steps: int = 512
@@ -180,7 +181,7 @@ def make_trainer(config: Config) -> run.Trainer:
     obs_dim = int(np.prod(env.observation_space(env_params).shape))
     n_updates = layout.num_epochs * config.train_steps
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
-    clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
+    clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
     net = jax.vmap(network, (None, 0, None, None))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))

@@ -38,6 +38,8 @@ from common.metrics import residual_metrics  # noqa: E402
 
 @dataclasses.dataclass(frozen=True)
 class Config(cli.RunConfig):
+    SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
+    STATIC_FLOATS = ("skip_fraction",)  # one depth drawn for every run of the program (skipping.first_copy)
     env: str = "CartPoleNoVel-v1"
     """gymnax environment id, or CartPoleNoVel-v1: CartPole-v1 with its velocities hidden"""
     total_steps: int = 200_000
@@ -291,7 +293,7 @@ def make_trainer(config: Config) -> run.Trainer:
     dist = make_distribution(env.action_space(env_params))
     n_updates = layout.num_epochs * config.update_epochs * config.num_minibatches
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
-    clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
+    clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
     flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
 
@@ -396,8 +398,9 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
     _, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
     n_devices *= jax.process_count()  # the checkpoint holds every host's devices, as run.train splits the run
     init_key, eval_key = jax.random.split(rng)
-    trainer, keys = sweep.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices, init_key)
-    template = jax.eval_shape(devices.map_init(trainer.init), keys)
+    trainer, keys, values = sweep.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices,
+                                        init_key)
+    template = jax.eval_shape(devices.map_init(trainer.init), keys, values)
     state, epoch = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), template)
     policy, key = trainer.policy(devices.unreplicate(state)), jax.random.fold_in(eval_key, epoch)  # [runs, ...]
     dist = make_distribution(trainer.env.action_space(trainer.env_params))

@@ -151,9 +151,9 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
     ckpt = latest(run_dir / "checkpoints")
     cli.require(ckpt is not None, f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
     n_devices = _read(ckpt, leaves=False)[0]["leaves"][0][0][0]  # the state's leading axis: the run's devices
-    trainer, keys = sweep.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices,
-                                jax.random.PRNGKey(0))
-    state, _ = load(ckpt, jax.eval_shape(devices.map_init(trainer.init), keys))
+    trainer, keys, values = sweep.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices,
+                                        jax.random.PRNGKey(0))
+    state, _ = load(ckpt, jax.eval_shape(devices.map_init(trainer.init), keys, values))
     params = jax.tree.map(lambda x: x[0], trainer.policy(state))  # as held by device 0: [runs, ...]
     runs = sweep.n_runs(config)
     if seed is not None or runs == 1:

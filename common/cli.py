@@ -3,7 +3,10 @@
 A script's `Config` subclasses `RunConfig`; each field's docstring is its
 `--help` line, its name the flag (`n_samples` is `--n-samples`), and its
 `__post_init__` checks values with `require`, raising `ConfigError` before
-anything compiles.
+anything compiles. Its float flags enter the compiled programs as inputs
+(`sweep.build`): a script computes with them and never branches on them,
+but for those it names in `SWITCHES` (whose 0 switches a term off, `off`)
+and `STATIC_FLOATS` (constants of the programs).
 """
 from __future__ import annotations
 
@@ -24,6 +27,9 @@ from typing import Callable
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Flags every script shares. Scripts subclass it with their own fields."""
+
+    SWITCHES = ()  # float flags whose 0 switches a term off: a constant of the programs at 0, else an input
+    STATIC_FLOATS = ()  # float flags that are always constants of the programs (a change compiles them anew)
 
     env: str = "CartPole-v1"
     """gymnax environment id"""
@@ -136,6 +142,11 @@ def require_non_negative(config, *names: str) -> None:
     """Coefficients (of a loss term, an entropy bonus): 0 (the term off) or more."""
     for name in names:
         require(getattr(config, name) >= 0, f"{flag_name(name)} {getattr(config, name)}: use 0 (off) or more")
+
+
+def off(value) -> bool:
+    """Whether a `SWITCHES` flag's term is off: its value is 0 (a number; an input of the programs is never 0)."""
+    return isinstance(value, (int, float)) and value == 0
 
 
 def field_docs(cls) -> dict[str, str]:

@@ -154,7 +154,7 @@ def device_key(key: jax.Array) -> jax.Array:
 
 
 def map_init(fn):
-    """Maps `fn(key)` over `[n_devices, num_seeds]` keys on ONE device, ready to compile.
+    """Maps `fn(key, ...)` over `[n_devices, num_seeds]` keys (and values) on ONE device, ready to compile.
 
     The device axis is a `vmap` carrying `DEVICE_AXIS` (so `device_key` works);
     the epoch's `pmap` then spreads the state over the devices. Initialise
@@ -163,13 +163,14 @@ def map_init(fn):
     return jax.jit(jax.vmap(jax.vmap(fn), axis_name=DEVICE_AXIS))
 
 
-def map_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0):
-    """Maps `fn(runner_state, *shared)` over `[n_devices, num_seeds]`, ready to compile.
+def map_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0, n_mapped: int = 1):
+    """Maps `fn(runner_state, *mapped, *shared)` over `[n_devices, num_seeds]`, ready to compile.
 
-    The runner state is mapped; the `n_shared` trailing arguments are the same
+    The runner state and the `n_mapped - 1` arguments after it (the hyperparameter
+    values, `sweep.build`) are mapped; the `n_shared` trailing arguments are the same
     for every device and seed. With `donate`, the input state's buffers are reused.
     """
-    in_axes = (0,) + (None,) * n_shared
+    in_axes = (0,) * n_mapped + (None,) * n_shared
     per_device = jax.vmap(fn, in_axes)
     donate_argnums = (0,) if donate else ()
     if n_devices > 1 or jax.process_count() > 1:

@@ -27,17 +27,18 @@ def epochs_per_call(steps_per_epoch: int, num_epochs: int) -> int:
 
 
 def chunk_epochs(epoch: Callable, k: int) -> Callable:
-    """`fn(state, n) -> (state, metrics [k, ...])` running `epoch` n <= k times.
+    """`fn(state, values, n) -> (state, metrics [k, ...])` running `epoch(state, values)` n <= k times.
 
     One program serves every n: a `lax.scan` over k slots, slot i runs the epoch
     iff i < n. The predicate is the same for every device and seed (not
     batched), so `lax.cond` truly skips the unused slots.
     """
 
-    def run_n(state, n):
-        shapes = jax.eval_shape(epoch, state)[1]
+    def run_n(state, values, n):
+        shapes = jax.eval_shape(epoch, state, values)[1]
         skip = lambda s: (s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes))  # noqa: E731
-        return jax.lax.scan(lambda s, i: jax.lax.cond(i < n, epoch, skip, s), state, jnp.arange(k))
+        step = lambda s, i: jax.lax.cond(i < n, lambda s: epoch(s, values), skip, s)  # noqa: E731
+        return jax.lax.scan(step, state, jnp.arange(k))
 
     return run_n
 

@@ -43,7 +43,8 @@ class Trainer(NamedTuple):
     """An algorithm, as pure functions of one (device, seed) slice of the runner state.
 
     `init(key) -> state` and `epoch(state) -> (state, metrics)` run under
-    `devices.map_epoch`; `epoch` must average gradients over
+    `devices.map_epoch` (the trainer `sweep.build` makes of them takes the
+    hyperparameter values as a second argument); `epoch` must average gradients over
     `devices.DEVICE_AXIS`. `act(policy, obs, key)` is the greedy action for one
     observation; `policy(state)` picks what `act` needs out of the state (an
     `envs.Policy`: the policy's parameters and observation statistics). An `env`
@@ -83,14 +84,15 @@ class Setup(NamedTuple):
     hosts: int  # processes of the run
     trainer: Trainer
     keys: Any  # what `trainer.init` maps over: [n_devices, runs]
+    values: dict  # the hyperparameter values init and the epochs map over: [n_devices, runs] each
     eval_key: jax.Array
-    init: Any  # `trainer.init` lowered for `keys`
+    init: Any  # `trainer.init` lowered for `keys` and `values`
     template: Any  # the runner state's shapes (this host's part)
 
 
 class Programs(NamedTuple):
-    init: Callable  # keys -> state
-    epochs: Callable | None  # (state, n) -> (state, metrics [n_devices, runs, k]): n <= k epochs; None: --eval-only
+    init: Callable  # (keys, values) -> state
+    epochs: Callable | None  # (state, values, n) -> (state, metrics [n_devices, runs, k]), n <= k; None: --eval-only
     evaluate: Callable  # (state, epoch) -> the greedy return of every run [runs], on the episodes of `epoch`
     k: int  # epochs per call (`loop.epochs_per_call`)
 
@@ -128,7 +130,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
 
         t0 = time.time()
         programs = compile_programs(setup)
-        state = state if state is not None else programs.init(setup.keys)
+        state = state if state is not None else programs.init(setup.keys, setup.values)
         compile_time = time.time() - t0
         if config.eval_only:
             returns = programs.evaluate(state, start_epoch)
@@ -159,12 +161,12 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
     run_dir = Path(config.resume or config.out_dir or
                    f"runs/{script}-{config.env}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
     init_key, eval_key = jax.random.split(host.rng)
-    trainer, keys = sweep.build(dataclasses.replace(config, n_devices=host.n_devices * hosts), make_trainer,
-                                host.n_devices, init_key)
-    init = sweep.lower_init(trainer, keys, config, script, host.n_devices)  # traced once: its output shapes
+    trainer, keys, values = sweep.build(dataclasses.replace(config, n_devices=host.n_devices * hosts), make_trainer,
+                                        host.n_devices, init_key)
+    init = sweep.lower_init(trainer, keys, values, config, script, host.n_devices)  # traced once: its output shapes
     check_memory(init.out_info, config, host.n_devices)
     return Setup(config=config, script=script, run_dir=run_dir, host=host, hosts=hosts, trainer=trainer, keys=keys,
-                 eval_key=eval_key, init=init, template=init.out_info)
+                 values=values, eval_key=eval_key, init=init, template=init.out_info)
 
 
 def check_memory(template, config, n_devices: int) -> None:
@@ -228,9 +230,9 @@ def compile_programs(setup: Setup) -> Programs:
         side = pool.submit(compile_init_and_eval)
         k = loop.epochs_per_call(trainer.steps_per_epoch, trainer.num_epochs)
         epochs = None if config.eval_only else devices.map_epoch(
-            loop.chunk_epochs(trainer.epoch, k), n_devices, n_shared=1)
-        if epochs is not None and setup.hosts == 1:  # jax 0.10 cannot run a pmap over hosts compiled
-            epochs = epochs.lower(setup.template, 1).compile()  # ahead of time: it compiles at its first call
+            loop.chunk_epochs(trainer.epoch, k), n_devices, n_shared=1, n_mapped=2)
+        if epochs is not None and setup.hosts == 1:  # jax 0.10 cannot run a pmap over hosts compiled ahead
+            epochs = epochs.lower(setup.template, setup.values, 1).compile()  # of time: it compiles at its first call
         init, evaluate_runs = side.result()
 
     def evaluate(state, epoch):
@@ -261,7 +263,7 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
             if config.eval_every:
                 n = min(n, config.eval_every - epoch % config.eval_every)
             tick = time.time()
-            state, metrics = programs.epochs(state, n)
+            state, metrics = programs.epochs(state, setup.values, n)
             records = loop.records(metrics, n)
             chunk_time, time_before = time.time() - tick, train_time
             train_time += chunk_time

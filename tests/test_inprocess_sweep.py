@@ -35,8 +35,8 @@ def test_bad_sweeps_are_rejected_before_compiling(capsys, sweep, message):
 
 
 def final_params(out_dir, config):
-    trainer, keys = sweep.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
-    template = jax.eval_shape(devices.map_init(trainer.init), keys)
+    trainer, keys, values = sweep.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
+    template = jax.eval_shape(devices.map_init(trainer.init), keys, values)
     state, _ = checkpoints.load(checkpoints.latest(out_dir / "checkpoints"), template)
     return trainer.policy(devices.unreplicate(state))  # [runs, ...]
 
@@ -56,7 +56,7 @@ def test_each_member_trains_as_its_own_run(tmp_path):
         assert member["lr"] == lr and len(member["eval_return_per_seed"]) == 2
         np.testing.assert_allclose(member["eval_return_per_seed"], alone_summary["eval_return_per_seed"], atol=1.0)
     # the members really differ
-    assert not np.allclose(together["policy"]["w"][0], together["policy"]["w"][2])
+    assert not np.allclose(together.params["policy"]["w"][0], together.params["policy"]["w"][2])
 
 
 def chex_close(a, b):
@@ -70,14 +70,37 @@ def test_every_script_sweeps_in_one_program(name, flag):
     module = importlib.import_module(f"algos.{name}")
     value = getattr(module.Config(), flag)
     config = module.Config(n_devices=1, num_seeds=2, sweep=(f"{flag}={value},{value / 2}",))
-    trainer, keys = sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
-    init = devices.map_init(trainer.init).lower(keys)
-    state, metrics = jax.eval_shape(devices.map_epoch(trainer.epoch, 1), init.out_info)
+    trainer, keys, values = sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
+    init = devices.map_init(trainer.init).lower(keys, values)
+    state, metrics = jax.eval_shape(devices.map_epoch(trainer.epoch, 1, n_mapped=2), init.out_info, values)
     assert jax.tree.leaves(metrics)[0].shape[:2] == (1, 4)  # [devices, members x seeds]
 
 
+@pytest.mark.parametrize("name, swept, message", [
+    ("ppo_joint", "max_grad_norm=0,0.5", "--max-grad-norm 0 switches its term off, a constant of the programs"),
+    ("skip_transformer", "skip_fraction=0.2,0.4", "--skip-fraction shapes the programs, a constant of the programs"),
+])
+def test_a_constant_of_the_programs_cannot_be_swept(name, swept, message):
+    module = importlib.import_module(f"algos.{name}")
+    config = module.Config(n_devices=1, sweep=(swept,))
+    with pytest.raises(cli.ConfigError, match=f"{message}, so it cannot be swept in one program"):
+        sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
+
+
+def test_a_switch_above_0_is_an_input():
+    config = ppo_joint.Config(n_devices=1, sweep=("max_grad_norm=0.25,0.5",))
+    values = sweep.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))[2]
+    np.testing.assert_array_equal(values["max_grad_norm"], [[0.25, 0.5]])
+    assert "max_grad_norm" not in sweep.input_names(ppo_joint.Config(max_grad_norm=0.0))
+    assert "skip_fraction" not in sweep.input_names(importlib.import_module("algos.skip_transformer").Config())
+
+
 def test_a_flag_used_outside_the_compiled_math_is_a_clear_error(tmp_path):
-    config = ppo_joint.Config(**TINY, sweep=("max_grad_norm=0,0.5",), out_dir=str(tmp_path))
-    with pytest.raises(cli.ConfigError, match="uses max_grad_norm outside the compiled math .* cannot be swept in one"):
-        run.train(config, ppo_joint.make_trainer, "ppo_joint")
+    """A variant of a script that branches on a float flag in Python cannot sweep it (its values are traced)."""
+    def branching(config):
+        return ppo_joint.make_trainer(config) if config.ent_coef < 1 else None
+
+    config = ppo_joint.Config(**TINY, sweep=("ent_coef=0,0.01",), out_dir=str(tmp_path))
+    with pytest.raises(cli.ConfigError, match="uses ent_coef outside the compiled math .* cannot be swept in one"):
+        run.train(config, branching, "ppo_joint")
     assert not tmp_path.joinpath("config.json").exists()

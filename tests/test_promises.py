@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from common import checkpoints, devices, run, sweep
+from common import checkpoints, devices, envs, run, sweep
 
 SCRIPTS = ["ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer"]
 TINY = {"ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2),
@@ -176,16 +176,16 @@ def test_resume_after_kill_9_ends_as_the_uninterrupted_run(tmp_path, uninterrupt
 # ----------------------------------------------------------------------------
 def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path):
     """ppo_joint on Pendulum-v1 (a Box action) with --sweep lr=... and 2 seeds: `seed=i` is entry i of the
-    member-major seed axis (member i // 2, seed i % 2), whose swept value the checkpoint holds beside its
-    parameters; its actions are the trainer's greedy (clipped mean) actions on those parameters."""
+    member-major seed axis (member i // 2, seed i % 2), whose swept value `sweep.build` feeds its
+    programs; its actions are the trainer's greedy (clipped mean) actions on those parameters."""
     from algos import ppo_joint
 
     cfg = ppo_joint.Config(env="Pendulum-v1", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2,
                            total_steps=128, num_seeds=2, sweep=("lr=0.01,0.001",), **RUN, out_dir=str(tmp_path))
     run.train(cfg, ppo_joint.make_trainer, "ppo_joint")
-    trainer, keys = sweep.build(cfg, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
-    (inner, values), _ = checkpoints.load(checkpoints.latest(tmp_path / "checkpoints"),
-                                             jax.eval_shape(devices.map_init(trainer.init), keys))
+    trainer, keys, values = sweep.build(cfg, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
+    inner, _ = checkpoints.load(checkpoints.latest(tmp_path / "checkpoints"),
+                                jax.eval_shape(devices.map_init(trainer.init), keys, values))
     np.testing.assert_array_equal(values["lr"][0], np.float32([0.01, 0.01, 0.001, 0.001]))
     obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
     every = np.asarray(checkpoints.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer)(obs))
@@ -193,8 +193,8 @@ def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path):
     assert np.all(np.abs(every) <= 2.0)  # Pendulum's torque bound
     for i in range(4):
         act = checkpoints.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer, seed=i)
-        params = jax.tree.map(lambda x, i=i: x[0, i], inner.params)  # device 0, entry i
-        want = np.stack([np.asarray(trainer.act(params, o, None)) for o in obs])
+        policy = envs.Policy(params=jax.tree.map(lambda x, i=i: x[0, i], inner.params))  # device 0, entry i
+        want = np.stack([np.asarray(trainer.act(policy, o, None)) for o in obs])
         np.testing.assert_allclose(act(obs), want, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(every[i], want, rtol=1e-6, atol=1e-6)
         assert np.asarray(act(obs[0])).shape == (1,)  # one observation, one action
@@ -219,12 +219,12 @@ def test_a_swept_member_trains_as_the_run_with_its_value(name):
     alone = dataclasses.replace(cfg, **{flag: value})
 
     def train(cfg):  # the run's parameters after 2 epochs, [runs, ...]
-        trainer, keys = sweep.build(cfg, module.make_trainer, 1, jax.random.PRNGKey(0))
+        trainer, keys, values = sweep.build(cfg, module.make_trainer, 1, jax.random.PRNGKey(0))
         quick = lambda fn, *args: fn.lower(*args).compile(run.FAST_COMPILE)  # noqa: E731
-        state = quick(devices.map_init(trainer.init), keys)(keys)
-        epoch = quick(devices.map_epoch(trainer.epoch, 1, donate=False), state)
+        state = quick(devices.map_init(trainer.init), keys, values)(keys, values)
+        epoch = quick(devices.map_epoch(trainer.epoch, 1, donate=False, n_mapped=2), state, values)
         for _ in range(2):
-            state, _ = epoch(state)
+            state, _ = epoch(state, values)
         return trainer.policy(devices.unreplicate(state))
 
     together, by_itself = train(swept), train(alone)

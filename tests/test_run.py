@@ -9,7 +9,7 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from common import checkpoints, cli, devices, loop, outputs, run
+from common import checkpoints, cli, devices, envs, loop, outputs, run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,13 +87,13 @@ def test_chunk_epochs_runs_exactly_n_epochs():
     import jax
     import jax.numpy as jnp
 
-    def epoch(count):
-        return count + 1, {"count": count + 1.0}
+    def epoch(count, values):
+        return count + values["step"], {"count": count + values["step"]}
 
     chunk = jax.jit(loop.chunk_epochs(epoch, 5))
-    count, metrics = chunk(jnp.float32(0), 3)
-    assert float(count) == 3.0
-    np.testing.assert_array_equal(np.asarray(metrics["count"]), [1.0, 2.0, 3.0, 0.0, 0.0])
+    count, metrics = chunk(jnp.float32(0), {"step": jnp.float32(2)}, 3)
+    assert float(count) == 6.0
+    np.testing.assert_array_equal(np.asarray(metrics["count"]), [2.0, 4.0, 6.0, 0.0, 0.0])
 
 
 def test_a_failing_wandb_never_stops_training(tmp_path, monkeypatch, capsys):
@@ -157,8 +157,8 @@ def test_load_agent_acts_as_the_saved_policy(tmp_path, monkeypatch):
     trainer = ppo_joint.make_trainer(config)
     state, _ = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), jax.eval_shape(
         devices.map_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 2)))
-    params = jax.tree.map(lambda x: x[0, 1], state.params)
-    np.testing.assert_array_equal(both[1], [int(trainer.act(params, o, None)) for o in obs])
+    policy = envs.Policy(params=jax.tree.map(lambda x: x[0, 1], state.params))
+    np.testing.assert_array_equal(both[1], [int(trainer.act(policy, o, None)) for o in obs])
     with pytest.raises(cli.ConfigError, match="the run has 2 seed"):
         checkpoints.load_agent(run_dir, ppo_joint.Config, ppo_joint.make_trainer, seed=2)
     with pytest.raises(cli.ConfigError, match="no checkpoint"):
