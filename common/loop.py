@@ -31,8 +31,10 @@ def chunk_epochs(epoch: Callable, k: int) -> Callable:
 
     One program serves every n: a `lax.scan` over k slots, slot i runs the epoch
     iff i < n. The predicate is the same for every device and seed (not
-    batched), so `lax.cond` truly skips the unused slots.
+    batched), so `lax.cond` truly skips the unused slots. The epoch is traced
+    once (a `jax.jit` inside the program: its shapes and its slot share the trace).
     """
+    epoch = jax.jit(epoch)
 
     def run_n(state, values, n):
         shapes = jax.eval_shape(epoch, state, values)[1]
