@@ -56,7 +56,7 @@ def test_each_member_trains_as_its_own_run(tmp_path):
         assert member["lr"] == lr and len(member["eval_return_per_seed"]) == 2
         np.testing.assert_allclose(member["eval_return_per_seed"], alone_summary["eval_return_per_seed"], atol=1.0)
     # the members really differ
-    assert not np.allclose(together["policy"]["w"][0], together["policy"]["w"][2])
+    assert not np.allclose(together.params["policy"]["w"][0], together.params["policy"]["w"][2])
 
 
 def chex_close(a, b):

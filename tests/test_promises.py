@@ -193,8 +193,8 @@ def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path):
     assert np.all(np.abs(every) <= 2.0)  # Pendulum's torque bound
     for i in range(4):
         act = checkpoints.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer, seed=i)
-        params = jax.tree.map(lambda x, i=i: x[0, i], inner.params)  # device 0, entry i
-        want = np.stack([np.asarray(trainer.act(params, o, None)) for o in obs])
+        policy = jax.tree.map(lambda x, i=i: x[0, i], trainer.policy((inner, values)))  # device 0, entry i
+        want = np.stack([np.asarray(trainer.act(policy, o, None)) for o in obs])
         np.testing.assert_allclose(act(obs), want, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(every[i], want, rtol=1e-6, atol=1e-6)
         assert np.asarray(act(obs[0])).shape == (1,)  # one observation, one action

@@ -157,8 +157,8 @@ def test_load_agent_acts_as_the_saved_policy(tmp_path, monkeypatch):
     trainer = ppo_joint.make_trainer(config)
     state, _ = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), jax.eval_shape(
         devices.map_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 2)))
-    params = jax.tree.map(lambda x: x[0, 1], state.params)
-    np.testing.assert_array_equal(both[1], [int(trainer.act(params, o, None)) for o in obs])
+    policy = jax.tree.map(lambda x: x[0, 1], trainer.policy(state))
+    np.testing.assert_array_equal(both[1], [int(trainer.act(policy, o, None)) for o in obs])
     with pytest.raises(cli.ConfigError, match="the run has 2 seed"):
         checkpoints.load_agent(run_dir, ppo_joint.Config, ppo_joint.make_trainer, seed=2)
     with pytest.raises(cli.ConfigError, match="no checkpoint"):
