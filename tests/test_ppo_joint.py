@@ -607,7 +607,7 @@ def test_two_devices_two_seeds(tmp_path):
     (dict(num_envs=3, n_devices=2), r"--num-envs 3 .*--n-devices 2"),
     (dict(env="CartPole-v7"), r"--env 'CartPole-v7'.*CartPole-v1"),
     (dict(env="NoSuchEnv-v0"), r"--env 'NoSuchEnv-v0'"),
-    (dict(std="network"), r"--std network.*CartPole-v1.*discrete"),
+    (dict(std="network"), r"--std network.*2 discrete"),
     (dict(total_steps=100), r"--total-steps 100 .*one epoch"),
 ])
 def test_bad_input_rejected_by_make_trainer(overrides, match):
