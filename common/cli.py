@@ -17,6 +17,7 @@ import inspect
 import itertools
 import json
 import math
+import types
 import typing
 from pathlib import Path
 from typing import Callable
@@ -45,6 +46,9 @@ class RunConfig:
     """greedy evaluation every this many epochs (0: only at the end)"""
     eval_episodes: int = 32
     """episodes per greedy evaluation"""
+    target_return: float | None = None
+    """end the run at the first evaluation (--eval-every) where every seed's greedy return reaches this, with a
+    checkpoint; the summary records its epoch, env steps and seconds (unset: train for --total-steps)"""
     checkpoint_every: int = 50
     """save a checkpoint every this many epochs (and at the end, and on Ctrl-C)"""
     keep_checkpoints: int = 3
@@ -86,6 +90,9 @@ class RunConfig:
         require(self.total_steps > 0, f"--total-steps {self.total_steps}: use a positive number")
         require(self.eval_every >= 0, f"--eval-every {self.eval_every}: use 0 or more")
         require(self.eval_episodes >= 1, f"--eval-episodes {self.eval_episodes}: use 1 or more")
+        require(self.target_return is None or (math.isfinite(self.target_return) and self.eval_every > 0),
+                f"--target-return {self.target_return}: use a finite return, with --eval-every 1 or more (the "
+                f"evaluations that check it)")
         require(self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more")
         require(self.keep_checkpoints >= 1, f"--keep-checkpoints {self.keep_checkpoints}: use 1 or more "
                                             f"(2 or more leave one to resume from if the newest is damaged)")
@@ -123,7 +130,7 @@ def sweep_members(config) -> list[dict]:
 # come from the command line, everything else from the run's config.json (but
 # for the float flags given, see `parse_config`).
 RUN_CONTROL = ("resume", "overwrite", "eval_only", "track", "no_compile_cache", "eval_episodes", "keep_checkpoints",
-               "n_devices", "coordinator", "num_processes", "process_id", "coordinator_timeout")
+               "target_return", "n_devices", "coordinator", "num_processes", "process_id", "coordinator_timeout")
 
 
 class ConfigError(ValueError):
@@ -209,6 +216,8 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
+        if typing.get_origin(kind) is types.UnionType:  # `float | None`: None unless given
+            kind = next(k for k in typing.get_args(kind) if k is not type(None))
         if kind is bool:  # `--flag` or `--flag=True/False` (as a wandb agent passes it)
             spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL", action=_Once)
         elif typing.get_origin(kind) is typing.Literal:
@@ -282,7 +291,9 @@ def load_config(cls, run_dir: Path):
 
 
 def _fits(kind, value) -> bool:
-    """Whether a JSON value is one of `kind`: bool, int, float (an int too), str, a Literal, tuple[X, ...]."""
+    """Whether a JSON value is one of `kind`: bool, int, float (an int too), str, a Literal, tuple[X, ...], X | None."""
+    if typing.get_origin(kind) is types.UnionType:
+        return any(_fits(k, value) for k in typing.get_args(kind))
     if typing.get_origin(kind) is typing.Literal:
         return value in typing.get_args(kind)
     if typing.get_origin(kind) is tuple:
@@ -297,4 +308,6 @@ def _describe(kind) -> str:
         return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
     if typing.get_origin(kind) is tuple:
         return f"a list of {typing.get_args(kind)[0].__name__}"
-    return f"a {kind.__name__}"
+    if typing.get_origin(kind) is types.UnionType:
+        return " or ".join(map(_describe, typing.get_args(kind)))
+    return "null" if kind is type(None) else f"a {kind.__name__}"

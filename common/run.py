@@ -103,6 +103,7 @@ class Progress(NamedTuple):
     record: dict  # the last epoch's
     returns: np.ndarray | None  # the last evaluation's
     train_time: float  # seconds in the epochs' calls
+    reached: float | None  # time.time() at the evaluation that reached --target-return; None: not reached
 
 
 # ----------------------------------------------------------------------------
@@ -220,7 +221,10 @@ def compile_programs(setup: Setup) -> Programs:
     trainer, config, n_devices = setup.trainer, setup.config, setup.host.n_devices
     act = jax.vmap(lambda params, key: envs.evaluate(trainer.env, trainer.env_params, trainer.act, params,
                                                      key, config.eval_episodes))
-    evaluate_seeds = jax.jit(lambda params, key: act(params, sweep.eval_keys(key, config)))
+    def greedy_returns(params, key):  # of every run (a named function names its program in profiles)
+        return act(params, sweep.eval_keys(key, config))
+
+    evaluate_seeds = jax.jit(greedy_returns)
 
     def compile_init_and_eval():  # only compiles: running a program beside a compile once hung in XLA:CPU
         params = jax.eval_shape(lambda state: first_device(trainer, state), setup.template)
@@ -255,9 +259,9 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
     and where the run stops early. Ctrl-C stops after the running call, with a checkpoint.
     """
     config, trainer = setup.config, setup.trainer
-    epoch, train_time, returns, record = start_epoch, 0.0, None, {}
+    epoch, train_time, returns, record, reached = start_epoch, 0.0, None, {}, None
     with loop.StopOnInterrupt() as interrupt:
-        while epoch < last_epoch and not devices.any_host(interrupt.requested):
+        while epoch < last_epoch and reached is None and not devices.any_host(interrupt.requested):
             # Run up to the next evaluation, checkpoint or end, at most k epochs.
             n = min(programs.k, last_epoch - epoch, config.checkpoint_every - epoch % config.checkpoint_every)
             if config.eval_every:
@@ -278,7 +282,11 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
                     returns = programs.evaluate(state, epoch)
                     record["eval/return"] = float(returns.mean())
                     record["eval/return_per_seed"] = returns.tolist()
+                    if config.target_return is not None and returns.min() >= config.target_return:
+                        reached = time.time()
                 logger.log(record, force_print=final or "eval/return" in record)
+            if reached is not None and setup.host.is_chief:
+                print(f"every seed reached --target-return {config.target_return:g} at epoch {epoch}", flush=True)
             if epoch == trainer.num_epochs or epoch % config.checkpoint_every == 0:
                 save_checkpoint(setup, state, epoch)
     if devices.any_host(interrupt.requested):
@@ -289,7 +297,7 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
         raise SystemExit(130)
     if epoch > start_epoch and epoch < trainer.num_epochs:
         save_checkpoint(setup, state, epoch)
-    return Progress(state=state, epoch=epoch, record=record, returns=returns, train_time=train_time)
+    return Progress(state=state, epoch=epoch, record=record, returns=returns, train_time=train_time, reached=reached)
 
 
 def check_losses(setup: Setup, record: dict, epoch: int) -> None:
@@ -322,9 +330,8 @@ def summarize(setup: Setup, programs: Programs, progress: Progress, start_epoch:
               wall_start: float) -> dict:
     """The run's summary (summary.json), with the greedy return at its last epoch."""
     config, steps_per_epoch, epoch = setup.config, setup.trainer.steps_per_epoch, progress.epoch
-    returns = progress.returns
-    if returns is None or "eval/return" not in progress.record:
-        returns = programs.evaluate(progress.state, epoch)
+    stale = progress.returns is None or "eval/return" not in progress.record  # no evaluation at the last epoch
+    returns = programs.evaluate(progress.state, epoch) if stale else progress.returns
     summary = {
         "eval_return": float(returns.mean()),
         "eval_return_per_seed": returns.tolist(),
@@ -336,6 +343,10 @@ def summarize(setup: Setup, programs: Programs, progress: Progress, start_epoch:
         "train_time_s": progress.train_time,
         "sps": (epoch - start_epoch) * steps_per_epoch * sweep.n_runs(config) / max(progress.train_time, 1e-9),
     }
+    if config.target_return is not None:
+        summary["target_return"] = {"return": config.target_return, "reached": progress.reached is not None,
+                                    **({"epoch": epoch, "env_steps": epoch * steps_per_epoch,
+                                        "seconds": progress.reached - wall_start} if progress.reached else {})}
     if config.sweep:  # member-major: the seeds of member 0, then of member 1, ...
         summary["sweep"] = [{**values, "eval_return": float(np.mean(r)), "eval_return_per_seed": r.tolist()}
                             for values, r in zip(cli.sweep_members(config), returns.reshape(-1, config.num_seeds))]

@@ -82,9 +82,14 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Tra
             object.__setattr__(member, name, value)
         return make_trainer(member)
 
+    def init(key, values):  # named functions: a profile (bench/phases.py) names their programs
+        return traced(values).init(key)
+
+    def epoch(state, values):
+        return traced(values).epoch(state)
+
     rollout = trainer.rollout and (lambda state, values: traced(values).rollout(state))
-    return trainer._replace(init=lambda key, values: traced(values).init(key), rollout=rollout,
-                            epoch=lambda state, values: traced(values).epoch(state)), keys, values
+    return trainer._replace(init=init, rollout=rollout, epoch=epoch), keys, values
 
 
 def lower_init(trainer, keys, values, config, script: str, n_devices: int):

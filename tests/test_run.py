@@ -197,3 +197,22 @@ def test_a_failed_write_of_config_json_is_one_line(tmp_path, monkeypatch):
         run.launch(config, ppo_joint.make_trainer, "ppo_joint")
     assert str(info.value.code) == (f"error: cannot write {tmp_path / 'run' / 'config.json'} (No space left on "
                                     f"device); no checkpoint was written yet: make room and start again")
+
+
+def test_target_return_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
+    """Every seed at or above --target-return ends the run there, with a checkpoint; else it trains on."""
+    from algos import ppo_joint
+    config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=256, num_seeds=2, n_devices=1, eval_every=2,
+                              eval_episodes=2, out_dir=str(tmp_path / "low"), target_return=1.0)
+    summary = run.train(config, ppo_joint.make_trainer, "ppo_joint").summary  # CartPole's return is >= 1
+    assert summary["epoch"] == 2 and summary["env_steps"] == 128, summary
+    assert summary["target_return"]["reached"] and summary["target_return"]["epoch"] == 2
+    assert 0 < summary["target_return"]["seconds"] <= summary["wall_time_s"]
+    assert checkpoints.latest(tmp_path / "low" / "checkpoints").name == "epoch_000002.npz"
+    lines = (tmp_path / "low" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2]
+    config = dataclasses.replace(config, out_dir=str(tmp_path / "high"), target_return=1e6)
+    summary = run.train(config, ppo_joint.make_trainer, "ppo_joint").summary
+    assert summary["epoch"] == 4 and summary["target_return"] == {"return": 1e6, "reached": False}
+    with pytest.raises(cli.ConfigError, match="--eval-every 1 or more"):
+        dataclasses.replace(config, eval_every=0)
