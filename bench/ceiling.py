@@ -1,10 +1,18 @@
-"""Throughput ceiling: a bare jitted gymnax rollout with a 64x64 tanh MLP policy, no update.
+"""Throughput ceilings: a bare jitted gymnax rollout with a 64x64 tanh MLP policy, no update; or
+the same rollout plus a PPO update's forward and backward passes at its batch shapes.
 
     .venv/bin/python bench/ceiling.py --num-envs 5
+    .venv/bin/python bench/ceiling.py --num-envs 1024 --rollout 128 --update-epochs 4 --num-minibatches 4
 
 N environments stepped with vmap, the policy sampling an action from its
-logits each step, lax.scan over --num-steps steps in one compiled call. Prints
-one JSON line: compile_s and the median steady env steps/s over --reps calls.
+logits each step, lax.scan over --num-steps steps in one compiled call. With
+--update-epochs E: every --rollout steps, the rollout's observations are
+shuffled and cut into --num-minibatches minibatches, and each of E passes
+computes, on each minibatch, the gradient of a loss of the policy logits and
+a value head on the same torso, and takes a plain SGD step: the passes of
+ppo_joint's update with nothing else (no advantages, no clipping, no
+optimiser state, no metrics). Prints one JSON line: compile_s and the median
+steady env steps/s over --reps calls.
 """
 import argparse
 import json
@@ -24,6 +32,9 @@ def parse_args():
     p.add_argument("--num-steps", type=int, default=20_000, help="steps per environment per timed call")
     p.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
     p.add_argument("--reps", type=int, default=5, help="timed calls after compilation (median reported)")
+    p.add_argument("--rollout", type=int, default=128, help="steps per environment between updates")
+    p.add_argument("--update-epochs", type=int, default=0, help="passes over each rollout (0: no update)")
+    p.add_argument("--num-minibatches", type=int, default=4)
     return p.parse_args()
 
 
@@ -32,17 +43,37 @@ def main():
     env, env_params = gymnax.make(args.env)
     obs_dim = env.observation_space(env_params).shape[0]
     n_actions = env.action_space(env_params).n
-    sizes = [obs_dim, *args.hidden, n_actions]
+    sizes = [obs_dim, *args.hidden, n_actions + 1]  # the logits and a value
     keys = jax.random.split(jax.random.PRNGKey(0), len(sizes))
     params = [(jax.random.normal(k, (a, b)) / jnp.sqrt(a), jnp.zeros(b))
               for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
 
-    def logits(obs):  # [N, obs_dim] -> [N, n_actions]
+    def net(params, obs):  # [N, obs_dim] -> [N, n_actions + 1]
         x = obs
         for w, b in params[:-1]:
             x = jnp.tanh(x @ w + b)
         w, b = params[-1]
         return x @ w + b
+
+    def loss(params, obs, action):
+        out = net(params, obs)
+        log_pi = jnp.take_along_axis(jax.nn.log_softmax(out[:, :-1]), action[:, None], 1)
+        return -jnp.mean(log_pi) + jnp.mean(out[:, -1] ** 2)
+
+    def update(params, key, obs, action):  # [T, N, ...] -> E passes of minibatch gradient steps
+        obs, action = obs.reshape(-1, obs.shape[-1]), action.reshape(-1)
+        m = args.num_minibatches
+
+        def minibatch(params, batch):
+            grads = jax.grad(loss)(params, *batch)
+            return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads), None
+
+        def epoch(params, key):
+            order = jax.random.permutation(key, obs.shape[0])
+            batches = (obs[order].reshape(m, -1, obs.shape[-1]), action[order].reshape(m, -1))
+            return jax.lax.scan(minibatch, params, batches)[0], None
+
+        return jax.lax.scan(epoch, params, jax.random.split(key, args.update_epochs))[0]
 
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
 
@@ -51,15 +82,22 @@ def main():
         obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(key, args.num_envs), env_params)
 
         def step(carry, key):
-            obs, state, total = carry
+            obs, state, total, params = carry
             act_key, step_key = jax.random.split(key)
-            action = jax.random.categorical(act_key, logits(obs))
-            obs, state, reward, _, _, _ = step_envs(jax.random.split(step_key, args.num_envs), state,
-                                                    action, env_params)
-            return (obs, state, total + reward.sum()), None
+            action = jax.random.categorical(act_key, net(params, obs)[:, :-1])
+            next_obs, state, reward, _, _, _ = step_envs(jax.random.split(step_key, args.num_envs), state,
+                                                         action, env_params)
+            return (next_obs, state, total + reward.sum(), params), (obs, action)
 
-        (_, _, total), _ = jax.lax.scan(step, (obs, state, 0.0), jax.random.split(key, args.num_steps))
-        return total
+        def iteration(carry, key):  # --rollout steps, then the update's passes
+            carry, (obs, action) = jax.lax.scan(step, carry, jax.random.split(key, args.rollout))
+            if args.update_epochs:
+                carry = (*carry[:3], update(carry[3], key, obs, action))
+            return carry, None
+
+        carry = (obs, state, 0.0, params)
+        carry, _ = jax.lax.scan(iteration, carry, jax.random.split(key, args.num_steps // args.rollout))
+        return carry[2]
 
     t0 = time.time()
     compiled = rollout.lower(jax.random.PRNGKey(0)).compile()
@@ -69,8 +107,8 @@ def main():
         t0 = time.time()
         jax.block_until_ready(compiled(jax.random.PRNGKey(rep)))
         times.append(time.time() - t0)
-    steps = args.num_envs * args.num_steps
-    print(json.dumps({"num_envs": args.num_envs, "steps_per_call": steps, "compile_s": compile_s,
+    steps = args.num_envs * (args.num_steps // args.rollout * args.rollout)
+    print(json.dumps({"num_envs": args.num_envs, "update_epochs": args.update_epochs, "steps_per_call": steps, "compile_s": compile_s,
                       "sps": steps / statistics.median(times), "sps_all": [steps / t for t in times]}))
 
 

@@ -70,36 +70,69 @@ def ceiling_cmd() -> list[str]:
     return [sys.executable, "bench/ceiling.py", "--num-envs", str(CONFIG["num_envs"])]
 
 
+def under_phases(cmd: list[str], out: Path, modules: str) -> list[str]:
+    """cmd (interpreter, script, flags) run by bench/phases.py, which writes its phases to out."""
+    return [cmd[0], "bench/phases.py", str(out), "--import", modules, "--", *cmd[1:]]
+
+
+def phases_of(path: Path, wall: float) -> dict:
+    ph = json.loads(path.read_text())
+    programs = ph["programs"].values()
+    return {"startup": wall - (ph["t_end"] - ph["t0"]), "import": ph["import"], "devices": ph["devices"],
+            **{k: sum(p.get(k, 0.0) for p in programs) for k in ("trace", "lower", "compile")}, "raw": ph}
+
+
 def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
     out = scratch / f"ours-{'cold' if cold else 'warm'}-{seed}"
     shutil.rmtree(out, ignore_errors=True)
-    wall, _ = launch(ours_cmd(seed, out, cold), scratch / f"{out.name}.log", timeout)
+    cmd = under_phases(ours_cmd(seed, out, cold), scratch / f"{out.name}.json", "jax,common.run")
+    wall, _ = launch(cmd, scratch / f"{out.name}.log", timeout)
     s = json.loads((out / "summary.json").read_text())
-    startup = wall - s["wall_time_s"]  # interpreter start, imports, flag parsing
-    return {"wall": wall, "startup": startup, "compile": s["compile_time_s"], "train": s["train_time_s"],
-            "other": s["wall_time_s"] - s["compile_time_s"] - s["train_time_s"], "sps": s["sps"],
-            "ret": s["eval_return"]}
+    ph = phases_of(scratch / f"{out.name}.json", wall)
+    raw = ph.pop("raw")
+    split = {"prepare": raw["prepare"], "programs": raw["compile_programs"], "init": s["compile_time_s"] -
+             raw["compile_programs"], "evaluate": raw.get("evaluate", 0.0), "checkpoint": raw.get("checkpoint", 0.0)}
+    other = wall - ph["startup"] - ph["import"] - ph["devices"] - sum(split.values()) - s["train_time_s"]
+    return {"wall": wall, **ph, **split, "train": s["train_time_s"], "other": other,
+            "compile_wall": s["compile_time_s"], "sps": s["sps"], "ret": s["eval_return"]}
 
 
 def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
-    wall, out = launch(rejax_cmd(seed), scratch / f"rejax-{seed}.log", timeout)
+    path = scratch / f"rejax-{seed}.json"
+    wall, out = launch(under_phases(rejax_cmd(seed), path, "jax,rejax"), scratch / f"rejax-{seed}.log", timeout)
     r = json.loads(out.strip().splitlines()[-1])
-    return {"wall": wall, "startup": r["import_s"], "compile": r["compile_s"], "train": r["run_s"],
-            "other": wall - r["import_s"] - r["compile_s"] - r["run_s"], "sps": r["sps"],
-            "ret": r["eval_return"], "versions": r["versions"]}
+    ph = phases_of(path, wall)
+    script = ph.pop("raw")["script"]
+    split = {"prepare": script - r["compile_s"] - r["run_s"] - r["eval_s"], "programs": r["compile_s"], "init": 0.0,
+             "evaluate": r["eval_s"], "checkpoint": 0.0}
+    other = wall - ph["startup"] - ph["import"] - ph["devices"] - sum(split.values()) - r["run_s"]
+    return {"wall": wall, **ph, **split, "train": r["run_s"], "other": other, "compile_wall": r["compile_s"],
+            "sps": r["sps"], "ret": r["eval_return"], "versions": r["versions"]}
+
+
+BREAKDOWN = ["startup", "import", "devices", "prepare", "programs", "init", "train", "evaluate", "checkpoint", "other"]
+
+
+def breakdown(sides: dict[str, list[dict]]) -> str:
+    """Median seconds of each phase of the wall time, and the trace / lower / XLA compile seconds summed."""
+    rows = ["| side | wall s | " + " | ".join(BREAKDOWN) + " | trace / lower / XLA compile (summed) |",
+            "|---|" + "---:|" * (len(BREAKDOWN) + 2)]
+    for name, runs in sides.items():
+        rows.append(f"| {name} | {med(runs, 'wall'):.2f} | " + " | ".join(f"{med(runs, k):.2f}" for k in BREAKDOWN)
+                    + f" | {med(runs, 'trace'):.2f} / {med(runs, 'lower'):.2f} / {med(runs, 'compile'):.2f} |")
+    return "\n".join(rows)
 
 
 def table(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
-    rows = ["| side | wall s | import/startup s | compile s | train s | other s | steady SPS | greedy return |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| side | wall s | compile s | train s | steady SPS | greedy return |", "|---|---:|---:|---:|---:|---:|"]
     for name, runs in sides.items():
         rets = [r["ret"] for r in runs]
         lo_hi = lambda k, f: f"{f(min(r[k] for r in runs))}-{f(max(r[k] for r in runs))}"  # noqa: E731
         rows.append(f"| {name} | {med(runs, 'wall'):.1f} ({lo_hi('wall', '{:.1f}'.format)}) "
-                    f"| {med(runs, 'startup'):.2f} | {med(runs, 'compile'):.2f} | {med(runs, 'train'):.2f} "
-                    f"| {med(runs, 'other'):.2f} | {med(runs, 'sps'):,.0f} ({lo_hi('sps', '{:,.0f}'.format)}) "
+                    f"| {med(runs, 'compile_wall'):.2f} | {med(runs, 'train'):.2f} "
+                    f"| {med(runs, 'sps'):,.0f} ({lo_hi('sps', '{:,.0f}'.format)}) "
                     f"| {statistics.mean(rets):.1f} ({', '.join(f'{x:.0f}' for x in rets)}) |")
-    rows.append(f"| ceiling (bare rollout, {CONFIG['num_envs']} envs) | | | | | "
+    rows.append(f"| ceiling (bare rollout, {CONFIG['num_envs']} envs) | | | "
                 f"| {statistics.median(ceiling):,.0f} ({min(ceiling):,.0f}-{max(ceiling):,.0f}) | |")
     return "\n".join(rows)
 
@@ -161,8 +194,8 @@ def main():
             for k, v in sides.items()) + f", ceiling {ceiling[-1]:,.0f} sps", flush=True)
     load = f"{load_start:.2f} / {os.getloadavg()[0]:.2f}"
 
-    tbl, ver = table(sides, ceiling), verdicts(sides, ceiling)
-    print("\n" + tbl + "\n\n" + ver)
+    tbl, ver, brk = table(sides, ceiling), verdicts(sides, ceiling), breakdown(sides)
+    print("\n" + tbl + "\n\n" + brk + "\n\n" + ver)
     if not args.keep:
         shutil.rmtree(scratch)
     if args.no_write:
@@ -196,13 +229,23 @@ Commands (SEED = round seed):
 ```
 
 Medians over {args.runs} runs, (min-max) in brackets; return: mean over runs, per-run values in brackets.
-wall = process launch to exit, measured by the driver. Ours: import/startup = wall - run.py's wall_time_s (interpreter, imports, flags);
-compile = init + eval + epoch lower/compile; train = the epoch loop; other = device setup, final evaluation,
-checkpoints. Rejax: import = `import jax, rejax`; compile = lower + compile of `jax.jit(algo.train)`;
-train = the one compiled call; other = interpreter start, `PPO.create`, greedy evaluation. Steady SPS =
-env steps / train seconds. Greedy return = mean over 32 episodes, argmax actions, after training.
+wall = process launch to exit, measured by the driver. compile = ours: init + evaluation + epoch programs
+lowered and compiled, and init run; Rejax: lower + compile of `jax.jit(algo.train)`; train = the epoch
+loop (Rejax: the one compiled call). Steady SPS = env steps / train seconds. Greedy return = mean over 32
+episodes, argmax actions, after training.
 
 {tbl}
+
+Where the seconds go (medians; bench/phases.py runs each process under timers): startup = interpreter
+start and the timers' own imports; import = `import jax, common.run` (ours) or `import jax, rejax`;
+devices = `jax.devices()`; prepare = ours: hosts, trainer, the init program traced (shapes and memory
+checked before any compile), Rejax: `PPO.create`; programs = ours: `run.compile_programs` (the epochs
+program lowered and compiled on one thread, init and evaluation on a second), Rejax: lower + compile of
+`jax.jit(algo.train)`; init = running ours' init program; evaluate = greedy evaluation (Rejax: its
+compile included); trace / lower / XLA compile = jax.monitoring's durations summed over every program
+(ours overlap on two threads).
+
+{brk}
 
 Targets ({TARGETS}); the primary comparison is ours cold:
 

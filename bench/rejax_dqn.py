@@ -9,12 +9,15 @@ repository): 10 envs, buffer 50k, 5k steps of random actions before learning,
 batch 100, 5 gradient steps per 10 env steps, lr 1e-3, double DQN, Polyak
 target 0.98 after every iteration, epsilon 1 -> 0.05 over half the run,
 dueling 64x64 swish network (Rejax fixes the widths at 64x64). In-training
-evaluation is disabled (a no-op eval callback, one "evaluation period"
-covering the whole run), so the compiled program is the training loop alone.
+evaluation is off by default (a no-op eval callback, one "evaluation period"
+covering the whole run), so the compiled program is the training loop alone;
+--eval-freq N evaluates greedily every N steps and records when each ended
+(bench/solve.py).
 Printed keys: import_s, trace_s, compile_s (lower + compile of the jitted train
 function), run_s, wall_s (from interpreter start, imports included), sps
 (total steps / run_s), updates (gradient steps done), eval_return (mean greedy
-return, argmax of Q, over --eval-episodes episodes), versions.
+return, argmax of Q, over --eval-episodes episodes), evaluations ([time.time(), env step, greedy
+return] of each in-training evaluation), t_start (time.time() at interpreter start), versions.
 """
 import time
 
@@ -46,6 +49,8 @@ def parse_args():
     p.add_argument("--max-grad-norm", type=float, default=10.0,
                    help="passed to Rejax, which clips each gradient ELEMENT to this value (optax.clip)")
     p.add_argument("--eval-episodes", type=int, default=32)
+    p.add_argument("--eval-freq", type=int, default=0,
+                   help="greedy evaluations in training every this many env steps, each timed (0: none)")
     return p.parse_args()
 
 
@@ -82,10 +87,18 @@ if __name__ == "__main__":
         env=args.env, agent=args.agent, agent_kwargs={"activation": args.activation},
         num_envs=args.num_envs, buffer_size=args.buffer_size, fill_buffer=args.fill_buffer,
         batch_size=args.batch_size, num_epochs=args.num_epochs, learning_rate=args.lr,
-        max_grad_norm=args.max_grad_norm, total_timesteps=total, eval_freq=total, skip_initial_evaluation=True,
+        max_grad_norm=args.max_grad_norm, total_timesteps=total, eval_freq=args.eval_freq or total,
+        skip_initial_evaluation=True,
         gamma=args.gamma, polyak=args.polyak, eps_start=1.0, eps_end=args.eps_end,
         exploration_fraction=args.exploration_fraction, ddqn=True)
-    algo = algo.replace(eval_callback=lambda algo, ts, rng: ())  # no evaluation during training
+    evaluations = []  # (time.time(), env step, greedy return) of each in-training evaluation, as it ends
+
+    def evaluate(algo, ts, rng):
+        ret = greedy_return(algo, ts.q_ts.params, rng, args.eval_episodes)
+        jax.debug.callback(lambda step, r: evaluations.append((time.time(), int(step), float(r))), ts.global_step, ret)
+        return ret
+
+    algo = algo.replace(eval_callback=evaluate if args.eval_freq else lambda algo, ts, rng: ())
     key = jax.random.PRNGKey(args.seed)
 
     t0 = time.time()
@@ -107,5 +120,6 @@ if __name__ == "__main__":
         "import_s": import_s, "trace_s": trace_s, "compile_s": compile_s, "run_s": run_s,
         "wall_s": time.time() - T_START, "env_steps": int(ts.global_step), "sps": total / run_s,
         "updates": updates, "eval_return": eval_return,
+        "evaluations": sorted(evaluations), "t_start": T_START,
         "versions": {k: md.version(k) for k in ("rejax", "jax", "gymnax", "flax", "optax")},
     }), flush=True)

@@ -4,12 +4,15 @@ Runs INSIDE the peer venv (bench/setup_peer.sh), never in the project venv:
 
     bench/.peer-venv/bin/python bench/rejax_ppo.py --seed 0
 
-In-training evaluation is disabled (a no-op eval callback, one "evaluation
+In-training evaluation is off by default (a no-op eval callback, one "evaluation
 period" covering the whole run), so the compiled program is the training loop
-alone. Printed keys: import_s, trace_s, compile_s (lower + compile of the
-jitted train function), run_s, wall_s (from interpreter start, imports
+alone; --eval-freq N evaluates greedily every N steps and records when each
+evaluation ended (bench/solve.py). Printed keys: import_s, trace_s, compile_s
+(lower + compile of the jitted train function), run_s, eval_s (the final greedy evaluation,
+its compile included), wall_s (from interpreter start, imports
 included), sps (total steps / run_s), eval_return (mean greedy return,
-argmax of the logits, over --eval-episodes episodes), versions.
+argmax of the logits, over --eval-episodes episodes), evaluations ([time.time(), env step, greedy
+return] of each in-training evaluation), t_start (time.time() at interpreter start), versions.
 """
 import time
 
@@ -41,6 +44,8 @@ def parse_args():
     p.add_argument("--max-grad-norm", type=float, default=0.5,
                    help="passed to Rejax, which clips each gradient ELEMENT to this value (optax.clip)")
     p.add_argument("--eval-episodes", type=int, default=32)
+    p.add_argument("--eval-freq", type=int, default=0,
+                   help="greedy evaluations in training every this many env steps, each timed (0: none)")
     return p.parse_args()
 
 
@@ -79,10 +84,17 @@ if __name__ == "__main__":
         env=args.env, agent_kwargs={"activation": args.activation, "hidden_layer_sizes": tuple(args.hidden)},
         num_envs=args.num_envs, num_steps=args.num_steps, num_epochs=args.num_epochs,
         num_minibatches=args.num_minibatches, learning_rate=args.lr, max_grad_norm=args.max_grad_norm,
-        total_timesteps=total, eval_freq=total, skip_initial_evaluation=True,
+        total_timesteps=total, eval_freq=args.eval_freq or total, skip_initial_evaluation=True,
         gamma=args.gamma, gae_lambda=args.gae_lambda, clip_eps=args.clip_eps,
         ent_coef=args.ent_coef, vf_coef=args.vf_coef)
-    algo = algo.replace(eval_callback=lambda algo, ts, rng: ())  # no evaluation during training
+    evaluations = []  # (time.time(), env step, greedy return) of each in-training evaluation, as it ends
+
+    def evaluate(algo, ts, rng):
+        ret = greedy_return(algo, ts.actor_ts.params, rng, args.eval_episodes)
+        jax.debug.callback(lambda step, r: evaluations.append((time.time(), int(step), float(r))), ts.global_step, ret)
+        return ret
+
+    algo = algo.replace(eval_callback=evaluate if args.eval_freq else lambda algo, ts, rng: ())
     key = jax.random.PRNGKey(args.seed)
 
     t0 = time.time()
@@ -96,11 +108,14 @@ if __name__ == "__main__":
     jax.block_until_ready(ts)
     run_s = time.time() - t0
 
+    t0 = time.time()
     eval_return = float(jax.jit(greedy_return, static_argnums=(0, 3))(
         algo, ts.actor_ts.params, jax.random.PRNGKey(args.seed + 10_000), args.eval_episodes))
+    eval_s = time.time() - t0
     print(json.dumps({
-        "import_s": import_s, "trace_s": trace_s, "compile_s": compile_s, "run_s": run_s,
+        "import_s": import_s, "trace_s": trace_s, "compile_s": compile_s, "run_s": run_s, "eval_s": eval_s,
         "wall_s": time.time() - T_START, "env_steps": int(ts.global_step), "sps": total / run_s,
         "eval_return": eval_return,
+        "evaluations": sorted(evaluations), "t_start": T_START,
         "versions": {k: md.version(k) for k in ("rejax", "jax", "gymnax", "flax", "optax")},
     }), flush=True)
