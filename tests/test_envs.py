@@ -3,6 +3,10 @@ window (`ContextWindow`) against gymnax's CartPole stepped alongside with the sa
 builds CartPoleNoVel-v1 for every script and suggests it for a near miss.
 """
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnax
 import jax
@@ -11,6 +15,8 @@ import numpy as np
 import pytest
 
 from common import cli, devices, envs
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPTS = ["ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer"]
 
@@ -99,3 +105,14 @@ def test_an_unknown_id_suggests_cartpole_without_velocities(env_id):
     message = str(info.value)
     assert message.startswith(f"--env {env_id!r} is not a gymnax environment or CartPoleNoVel-v1.")
     assert "Did you mean CartPoleNoVel-v1" in message and message.endswith(", CartPoleNoVel-v1")
+
+
+def test_gymnax_rendering_modules_load_at_their_first_use():
+    """make_env imports gymnax without seaborn (its Pong's renderer); the first use of seaborn imports it."""
+    code = ("import sys; from common import envs; envs.make_env('CartPole-v1'); "
+            "assert 'scipy' not in sys.modules and type(sys.modules['seaborn']).__name__ == 'Deferred'; "
+            "from gymnax.environments.misc import pong; assert len(pong.sns.color_palette('cubehelix', 3)) == 3; "
+            "assert type(sys.modules['seaborn']).__name__ == 'module' and pong.plt.figure")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr
