@@ -33,7 +33,8 @@ class RunConfig:
     STATIC_FLOATS = ()  # float flags that are always constants of the programs (a change compiles them anew)
 
     env: str = "CartPole-v1"
-    """gymnax environment id"""
+    """gymnax environment id, or package.module:name of your own (a gymnax Environment class, or a function
+    returning (env, env_params))"""
     seed: int = 0
     """random seed (runs with the same seed and flags are identical)"""
     num_seeds: int = 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import math
+import os
 import sys
 import types
 from typing import Any, Callable, NamedTuple
@@ -52,8 +53,10 @@ def defer_rendering_imports() -> None:
 
 
 def make_env(env_id: str):
-    """`(env, env_params)` for a registered gymnax id or one of `PARTIALLY_OBSERVED`, or a `cli.ConfigError`
-    listing them all, with the nearest as suggestions."""
+    """`(env, env_params)` for a registered gymnax id, one of `PARTIALLY_OBSERVED` or `package.module:name`
+    (`load_custom`), or a `cli.ConfigError` listing them all, with the nearest as suggestions."""
+    if ":" in env_id:
+        return load_custom(env_id)
     defer_rendering_imports()
     import gymnax
 
@@ -70,6 +73,39 @@ def make_env(env_id: str):
         raise cli.ConfigError(f"--env {env_id!r} is not a gymnax environment or {', '.join(own)}."
                               f"{hint} Known ids: {', '.join(known)}")
     return gymnax.make(env_id)
+
+
+def load_custom(env_id: str):
+    """`package.module:name`: a gymnax `Environment` class (made with no arguments, its `default_params`), or
+    a function returning `(env, env_params)`; the module is looked up on the Python path and in the current
+    directory. What does not fit gymnax's interface is a `cli.ConfigError` that says what is missing."""
+    module_name, _, name = env_id.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        target = getattr(importlib.import_module(module_name), name, None)
+    except ImportError as error:
+        raise cli.ConfigError(f"--env {env_id}: cannot import {module_name} ({error}); give package.module:name "
+                              f"of a module on the Python path or in the current directory") from None
+    cli.require(callable(target), f"--env {env_id}: {module_name} has no class or function {name!r}")
+    made = target()
+    env, env_params = made if isinstance(made, tuple) and len(made) == 2 else (made, getattr(made, "default_params",
+                                                                                               None))
+    missing = [m for m in ("reset", "step", "observation_space", "action_space") if not callable(getattr(env, m, None))]
+    missing += [] if hasattr(env_params, "max_steps_in_episode") else ["params.max_steps_in_episode"]
+    cli.require(not missing, f"--env {env_id}: {type(env).__name__} lacks {', '.join(missing)}; give a subclass of "
+                             f"gymnax.environments.environment.Environment (with its EnvParams), or a function "
+                             f"returning (env, env_params)")
+    def reset_and_step(key):
+        _, state = env.reset(key, env_params)
+        return env.step(key, state, env.action_space(env_params).sample(key), env_params)
+
+    out = jax.eval_shape(reset_and_step, jax.ShapeDtypeStruct((2,), jnp.uint32))  # traced, not compiled
+    fits = isinstance(out, tuple) and len(out) == 6 and isinstance(out[5], dict) and "final_observation" in out[5]
+    cli.require(fits, f"--env {env_id}: its "
+                f"step must return (obs, state, reward, terminated, truncated, info with final_observation), as "
+                f"gymnax >= 1.0's Environment.step does: subclass it and write step_env and reset_env")
+    return env, env_params
 
 
 def reset_envs(env, env_params, key: jax.Array, n: int):

@@ -116,3 +116,27 @@ def test_gymnax_rendering_modules_load_at_their_first_use():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr
+
+
+def test_own_environment_from_the_readme_trains_and_a_misfit_is_one_line(tmp_path):
+    """README's corridor.py, saved in the working directory, learns with `--env corridor:Corridor`."""
+    readme = (ROOT / "README.md").read_text()
+    code = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "corridor.py").write_text(code)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "WANDB_MODE": "disabled"}
+    env.pop("XLA_FLAGS", None)
+
+    def ppo(*flags):
+        return subprocess.run([sys.executable, str(ROOT / "algos" / "ppo_joint.py"), "--no-compile-cache",
+                               "--out-dir", str(tmp_path / f"run{len(flags)}"), *flags],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    out = ppo("--env", "corridor:Corridor", "--total-steps", "20000", "--num-envs", "4", "--num-steps", "32",
+              "--n-devices", "1")
+    assert out.returncode == 0, out.stderr
+    assert "eval return 1.00" in out.stdout
+    for target, message in (("corridor:EnvParams", "lacks reset, step"), ("corridor:Nope", "has no class"),
+                            ("no_such_module:Env", "cannot import no_such_module")):
+        out = ppo("--env", target)
+        assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
