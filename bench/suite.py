@@ -1,0 +1,162 @@
+"""The gymnax suite: every script's defaults, with only --env (and the task's budget) given, on each task.
+
+    .venv/bin/python bench/suite.py                              # every cell: hours on 2 cores
+    .venv/bin/python bench/suite.py --tasks Acrobot-v1 --scripts ppo_joint,awr
+    .venv/bin/python bench/suite.py --report                     # rewrite bench/SUITE.md only
+
+Each cell (a script with its flags, on a task) is one process training
+`--seeds` seeds in one program (`--num-seeds`) for the task's budget of env
+steps, with a greedy evaluation (32 episodes) about every tenth of it. A
+cell's figures (mean and per-seed greedy return at the end, env steps, wall
+seconds, the commit) go to bench/suite/cells.json, which keeps the cells
+of earlier parts; bench/SUITE.md is written from all of them, with each
+task's anchor (gymnax's PPO table and its budget), and a learning-curve PNG
+per task (the greedy return of every cell, common/plot.py) in bench/suite/.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from common import plot  # noqa: E402
+
+OUT = ROOT / "bench" / "suite"
+CELLS = OUT / "cells.json"
+REPORT = ROOT / "bench" / "SUITE.md"
+# task: (budget in env steps, anchor: gymnax's PPO return at that budget, the goal for every seed)
+TASKS = {
+    "CartPole-v1": (150_000, 500.0, 475.0),
+    "Acrobot-v1": (500_000, -80.0, -100.0),
+    "MountainCar-v0": (250_000, -118.0, -118.0),
+    "Catch-bsuite": (100_000, 1.0, 1.0),
+    "DeepSea-bsuite": (150_000, 0.0, 1.0),
+    "MemoryChain-bsuite": (150_000, 0.1, 0.1),
+    "CartPoleNoVel-v1": (200_000, float("nan"), 475.0),  # no anchor: CartPole-v1 without its velocities
+}
+MEMORY = ("MemoryChain-bsuite", "CartPoleNoVel-v1")  # tasks that need memory: skip_transformer's rows
+ONLY_MEMORY = ("CartPoleNoVel-v1",)  # and only its rows
+SCRIPTS = {  # row name: script and flags
+    "ppo_joint": ["ppo_joint"],
+    "awr": ["awr"],
+    "awr --q-value --n-samples 2": ["awr", "--q-value", "--n-samples", "2"],
+    "awr --q-value --n-samples 4": ["awr", "--q-value", "--n-samples", "4"],
+    "actor_critic": ["actor_critic"],
+    "actor_critic --loss ppo": ["actor_critic", "--loss", "ppo"],
+    "reinforce --baseline": ["reinforce", "--baseline"],
+    "dqn_value": ["dqn_value"],
+    "skip_transformer": ["skip_transformer"],
+}
+
+
+def cells_of(tasks: list[str], scripts: list[str]) -> list[tuple[str, str]]:
+    """(task, row) pairs: skip_transformer on the tasks that need memory, the others on all but ONLY_MEMORY."""
+    return [(task, row) for task in tasks for row in scripts
+            if (task in MEMORY if row == "skip_transformer" else task not in ONLY_MEMORY)]
+
+
+def eval_every(script: str, budget: int) -> int:
+    """Epochs between evaluations: about a tenth of the budget, from the script's defaults."""
+    config = importlib.import_module(f"algos.{script}").Config
+    return max(1, budget // (10 * config.num_envs * config.num_steps))
+
+
+def commit() -> str:
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa
+    dirty = git("status", "--porcelain", "algos", "common")
+    return git("rev-parse", "--short", "HEAD") + ("+uncommitted" if dirty else "")
+
+
+def run_cell(task: str, row: str, seeds: int, scratch: Path, timeout: float) -> dict:
+    budget = TASKS[task][0]
+    script, *flags = SCRIPTS[row]
+    out = scratch / f"{task}-{row.replace(' ', '_')}"
+    cmd = [sys.executable, f"algos/{script}.py", *flags, "--env", task, "--total-steps", str(budget),
+           "--num-seeds", str(seeds), "--eval-every", str(eval_every(script, budget)), "--out-dir", str(out)]
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    wall = time.time() - start
+    if proc.returncode:
+        return {"error": (proc.stdout + proc.stderr).strip().splitlines()[-1], "command": " ".join(cmd[1:])}
+    summary = json.loads((out / "summary.json").read_text())
+    curve = OUT / "runs" / out.name
+    shutil.rmtree(curve, ignore_errors=True)
+    curve.mkdir(parents=True)
+    keep = ("epoch", "env_steps", "eval/return", "eval/return_per_seed")  # the curve, for the task's PNG
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (curve / "metrics.jsonl").write_text("".join(json.dumps({k: r[k] for k in keep}) + "\n" for r in records
+                                                 if "eval/return" in r))
+    per_seed = summary["eval_return_per_seed"]
+    return {"mean": summary["eval_return"], "worst": min(per_seed), "per_seed": per_seed,
+            "env_steps": summary["env_steps"], "wall_s": wall, "commit": commit(),
+            "command": "python " + " ".join(cmd[1:-2])}
+
+
+def report(cells: dict) -> str:
+    lines = ["# The gymnax suite", "", "Written by `bench/suite.py` from bench/suite/cells.json: each cell one "
+             "process, the script's defaults with only `--env` and the budget (`--total-steps`) given, "
+             "`--num-seeds` seeds in one program, greedy return over 32 episodes at the end. Anchor: gymnax's PPO "
+             "table at that budget; goal: every seed at or above it (DeepSea: 1; Acrobot: -100).", ""]
+    for task, (budget, anchor, goal) in TASKS.items():
+        rows = [(row, cells[f"{task} | {row}"]) for row in SCRIPTS if f"{task} | {row}" in cells]
+        if not rows:
+            continue
+        lines += [f"## {task} (budget {budget:,} steps; anchor {anchor:g}; goal, every seed: {goal:g})", "",
+                  f"![{task}](suite/{task}.png)", "",
+                  "| script | mean | worst seed | every seed >= goal | per seed | env steps | wall s | commit |",
+                  "|---|---:|---:|---|---|---:|---:|---|"]
+        for row, c in rows:
+            if "error" in c:
+                lines.append(f"| {row} | error: {c['error']} | | | | | | |")
+                continue
+            seeds = ", ".join(f"{x:.3g}" for x in c["per_seed"])
+            lines.append(f"| {row} | {c['mean']:.3g} | {c['worst']:.3g} | {'yes' if c['worst'] >= goal else 'no'} "
+                         f"| {seeds} | {c['env_steps']:,} | {c['wall_s']:.0f} | `{c['commit']}` |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def draw(cells: dict) -> None:
+    for task in TASKS:
+        runs = [OUT / "runs" / f"{task}-{row.replace(' ', '_')}" for row in SCRIPTS if f"{task} | {row}" in cells
+                and "error" not in cells[f"{task} | {row}"]]
+        if runs:
+            plot.plot(runs, "eval/return", OUT / f"{task}.png")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--scripts", default=",".join(SCRIPTS), help="row names, comma-separated (see SCRIPTS)")
+    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
+    p.add_argument("--report", action="store_true", help="only rewrite bench/SUITE.md and the PNGs")
+    args = p.parse_args()
+    tasks, scripts = args.tasks.split(","), args.scripts.split(",")
+    unknown = [t for t in tasks if t not in TASKS] + [s for s in scripts if s not in SCRIPTS]
+    if unknown:
+        sys.exit(f"unknown task or row: {', '.join(unknown)}; tasks: {', '.join(TASKS)}; rows: {', '.join(SCRIPTS)}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    cells = json.loads(CELLS.read_text()) if CELLS.exists() else {}
+    if not args.report:
+        with tempfile.TemporaryDirectory(prefix="jtrax-suite-") as tmp:
+            for task, row in cells_of(tasks, scripts):
+                cell = run_cell(task, row, args.seeds, Path(tmp), args.timeout)
+                cells[f"{task} | {row}"] = cell
+                CELLS.write_text(json.dumps(cells, indent=1, sort_keys=True))
+                print(f"{task:<20} {row:<30} " + (cell.get("error") or f"mean {cell['mean']:.3g} worst "
+                      f"{cell['worst']:.3g} in {cell['wall_s']:.0f} s"), flush=True)
+    draw(cells)
+    REPORT.write_text(report(cells) + "\n")
+
+
+if __name__ == "__main__":
+    main()
