@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from common import plot  # noqa: E402
+from results import commit  # noqa: E402
 
 OUT = ROOT / "bench" / "suite"
 CELLS = OUT / "cells.json"
@@ -69,12 +70,6 @@ def eval_every(script: str, budget: int) -> int:
     return max(1, budget // (10 * config.num_envs * config.num_steps))
 
 
-def commit() -> str:
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa
-    dirty = git("status", "--porcelain", "algos", "common")
-    return git("rev-parse", "--short", "HEAD") + ("+uncommitted" if dirty else "")
-
-
 def run_cell(task: str, row: str, seeds: int, scratch: Path, timeout: float) -> dict:
     budget = TASKS[task][0]
     script, *flags = SCRIPTS[row]
@@ -96,7 +91,7 @@ def run_cell(task: str, row: str, seeds: int, scratch: Path, timeout: float) -> 
                                                  if "eval/return" in r))
     per_seed = summary["eval_return_per_seed"]
     return {"mean": summary["eval_return"], "worst": min(per_seed), "per_seed": per_seed,
-            "env_steps": summary["env_steps"], "wall_s": wall, "commit": commit(),
+            "env_steps": summary["env_steps"], "wall_s": wall, "commit": commit("algos", "common"),
             "command": "python " + " ".join(cmd[1:-2])}
 
 
@@ -119,7 +114,7 @@ def report(cells: dict) -> str:
                 continue
             seeds = ", ".join(f"{x:.3g}" for x in c["per_seed"])
             lines.append(f"| {row} | {c['mean']:.3g} | {c['worst']:.3g} | {'yes' if c['worst'] >= goal else 'no'} "
-                         f"| {seeds} | {c['env_steps']:,} | {c['wall_s']:.0f} | `{c['commit']}` |")
+                         f"| {seeds} | {c['env_steps']:,} | {c['wall_s']:.0f} | {c['commit']} |")
         lines.append("")
     return "\n".join(lines)
 
