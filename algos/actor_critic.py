@@ -48,8 +48,8 @@ class Config(cli.RunConfig):
     """lambda of --advantage td-lambda and gae"""
     gamma: float = 0.99
     """discount"""
-    policy_lr: float = 2.5e-3
-    """policy Adam learning rate"""
+    policy_lr: float = 0.0
+    """policy Adam learning rate (0: 7e-3 for a2c, whose one step per epoch must go far; 2.5e-3 for ppo)"""
     value_lr: float = 2.5e-3
     """value Adam learning rate"""
     policy_lr_schedule: Literal["linear", "constant"] = "linear"
@@ -89,12 +89,17 @@ class Config(cli.RunConfig):
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged over
     devices, per seed, saved in checkpoints), clipped to +-10"""
+    normalize_reward: bool = True
+    """divide the rewards the value net and advantages see by a running std of the discounted return
+    where above 1 (kept like --normalize-obs); keeps value targets near 1 whatever the reward scale"""
 
     def __post_init__(self):
         super().__post_init__()
         for name in ("loss", "advantage", "policy_lr_schedule", "value_lr_schedule", "activation", "std"):
             choices, value = typing.get_args(typing.get_type_hints(Config)[name]), getattr(self, name)
             cli.require(value in choices, f"{cli.flag_name(name)} {value!r}: use one of {', '.join(choices)}")
+        if self.policy_lr == 0:  # the --loss default
+            object.__setattr__(self, "policy_lr", {"a2c": 7e-3, "ppo": 2.5e-3}[self.loss])
         for name in ("num_envs", "num_steps", "td_k", "value_batch_size", "value_train_steps"):
             cli.require(getattr(self, name) >= 1, f"{cli.flag_name(name)} must be at least 1")
         for name in ("policy_batch_size", "policy_train_steps"):
@@ -103,8 +108,7 @@ class Config(cli.RunConfig):
                     "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only step): "
                     "use 2 or more, or 0 for the default 16")
         for name in ("policy_lr", "value_lr"):
-            cli.require(getattr(self, name) > 0, f"{cli.flag_name(name)} {getattr(self, name)}: use a positive "
-                                                 f"learning rate")
+            cli.require(getattr(self, name) > 0, f"{cli.flag_name(name)} {getattr(self, name)}: use a positive lr")
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
         cli.require(0 <= self.lam <= 1, f"--lam {self.lam}: use a value in [0, 1]")
         cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
@@ -118,9 +122,8 @@ class Config(cli.RunConfig):
                     f"layers (--hidden {' '.join(map(str, self.hidden))}); use 0 to {len(self.hidden)}")
         cli.require(not self.scale_value_targets or self.gamma < 1,
                     "--scale-value-targets divides by 1 - gamma: use --gamma below 1")
-        cli.require(self.n_replay_epochs == 1,
-                    f"--n-replay-epochs {self.n_replay_epochs}: --loss {self.loss} is on-policy and trains only "
-                    f"on the current epoch's transitions; use 1")
+        cli.require(self.n_replay_epochs == 1, f"--n-replay-epochs {self.n_replay_epochs}: --loss {self.loss} is "
+                                               f"on-policy and trains only on the current epoch's transitions; use 1")
 
     @property
     def policy_steps(self) -> int:
@@ -130,8 +133,7 @@ class Config(cli.RunConfig):
     @property
     def policy_batch(self) -> int:
         """--policy-batch-size, or the --loss default."""
-        rollout = self.num_envs * self.num_steps
-        return self.policy_batch_size or {"a2c": rollout, "ppo": rollout // 4}[self.loss]
+        return self.policy_batch_size or self.num_envs * self.num_steps // {"a2c": 1, "ppo": 4}[self.loss]
 
 
 # ----------------------------------------------------------------------------
@@ -165,6 +167,7 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
     obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the earlier epochs' observations; off: None
+    reward_stats: envs.RewardStats | None  # --normalize-reward: the discounted returns' statistics; off: None
     key: jax.Array  # differs per device
 
 
@@ -179,8 +182,7 @@ class Transition(NamedTuple):
     greedy_action: jax.Array  # mode of pi_old(. | s_t), for the preferred_move metric
 
 
-class Rollout(NamedTuple):
-    """An epoch before its updates: the state after T steps and what the updates train on."""
+class Rollout(NamedTuple):  # an epoch before its updates: the state after T steps and what they train on
     state: RunnerState  # its value net's first --n-shared-layers the policy's; its obs_stats: those used
     traj: Transition  # [T, B, ...] as collected (raw observations)
     advantages: jax.Array  # [T, B]
@@ -196,13 +198,11 @@ class Batch(NamedTuple):
 
 
 # ----------------------------------------------------------------------------
-# Advantage estimators over time-major [T, B] arrays
-#
-# All take rewards r_t, values V(s_t), next_values V(s'_t) (s'_t: final_obs_t, the observation after
-# step t before any reset), terminated_t and done_t (terminated or truncated), and return
-# `(advantages, targets = V + A)`. discount_t = gamma * (1 - terminated_t): a truncated step bootstraps
-# from V(s'_t), a terminated one from nothing; at done_t nothing after t leaks into t. After the
-# rollout's last step every estimator bootstraps from V(s'_{T-1}).
+# Advantage estimators over time-major [T, B] arrays. All take rewards r_t, values V(s_t), next_values
+# V(s'_t) (s'_t: final_obs_t, the observation after step t before any reset), terminated_t and done_t
+# (terminated or truncated), and return `(advantages, targets = V + A)`. discount_t = gamma * (1 -
+# terminated_t): a truncated step bootstraps from V(s'_t), a terminated one from nothing; at done_t
+# nothing after t leaks into t. After the rollout's last step every estimator bootstraps from V(s'_{T-1}).
 # ----------------------------------------------------------------------------
 def td_lambda(rewards, values, next_values, terminated, dones, gamma: float, lam: float):
     """R_t = r_t + discount_t * (V(s'_t) if done_t else (1 - lam) V(s'_t) + lam R_{t+1}); A = R - V."""
@@ -354,7 +354,8 @@ def make_trainer(config: Config) -> run.Trainer:
         return RunnerState(policy_params=policy_params, value_params=value_params,
                            policy_opt_state=policy_tx.init(policy_params), value_opt_state=value_tx.init(value_params),
                            env_state=env_state, obs=obs, episode_stats=envs.init_episode_stats(layout.envs_per_device),
-                           obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None, key=run_key)
+                           obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None, key=run_key,
+                           reward_stats=envs.init_reward_stats(obs.shape[0]) if config.normalize_reward else None)
 
     def env_step(state: RunnerState, _):
         """One step of the B environments; the policy sees observations normalized by state.obs_stats."""
@@ -377,16 +378,18 @@ def make_trainer(config: Config) -> run.Trainer:
         state = state._replace(value_params=value_params, episode_stats=envs.reset_epoch_stats(state.episode_stats))
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
-        # ADVANTAGES: the chosen estimator on V(s_t) and V(final_obs_t), bootstrapping truncations.
+        # ADVANTAGES: the estimator on V(s_t), V(final_obs_t) (truncations bootstrap), rewards / --normalize-reward.
         norm = functools.partial(envs.normalize_obs, state.obs_stats)  # off: the identity
         values = value_scale * values_of(state.value_params, norm(traj.obs), config.activation)
         next_values = value_scale * values_of(state.value_params, norm(traj.final_obs), config.activation)
-        advantages, targets = estimate(traj.reward, values, next_values, traj.terminated, traj.done)
-        return Rollout(state=state, traj=traj, advantages=advantages, targets=targets)
+        reward_stats = envs.update_reward_stats(state.reward_stats, traj.reward, traj.done, config.gamma)
+        advantages, targets = estimate(traj.reward / envs.reward_scale(reward_stats), values, next_values,
+                                       traj.terminated, traj.done)
+        return Rollout(state=state._replace(reward_stats=reward_stats), traj=traj, advantages=advantages,
+                       targets=targets)
 
     def fit(loss_fn, tx, params, opt_state, batch: Batch, key, n_steps: int, batch_size: int, name: str):
-        """n_steps Adam steps on batch_size transitions each, in passes over the shuffled rollout (every
-        transition once per pass); gradients averaged over devices."""
+        """n_steps Adam steps of batch_size transitions, in passes over the shuffled rollout; pmean'd grads."""
         per_pass = layout.rollout_size // batch_size
         n_passes = -(-n_steps // per_pass)
         shuffle = lambda k: jax.random.permutation(k, layout.rollout_size)[:per_pass * batch_size]  # noqa: E731
@@ -425,13 +428,11 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in {**value_metrics, **policy_metrics}.items()}
-        # the mean greedy action: a discrete policy's mean most probable action (Box: the mean of its mode)
-        metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)
+        metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)  # the mean mode of pi_old (greedy action)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(residual_metrics(advantages, targets))  # A = R - V over every device's batch
         metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
-        # --normalize-obs: this epoch's observations, every device's, join the statistics
-        obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs) if config.normalize_obs else None
+        obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs)  # --normalize-obs: every device's obs join
         return state._replace(policy_params=policy_params, value_params=value_params, obs_stats=obs_stats,
                               policy_opt_state=policy_opt_state, value_opt_state=value_opt_state, key=key), metrics
 

@@ -89,6 +89,9 @@ class Config(cli.RunConfig):
     """Box actions: log std as a learned vector (param) or a network output (network)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (per seed, merged over devices, checkpointed)"""
+    normalize_reward: bool = True
+    """divide the rewards the critic's returns see by a running std of the discounted return where above 1
+    (kept like --normalize-obs); keeps value targets near 1 whatever the reward scale"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -148,6 +151,7 @@ class RunnerState(NamedTuple):
     episode_stats: envs.EpisodeStats
     key: jax.Array  # differs per device
     obs_stats: envs.ObsStats | None  # --normalize-obs: what the networks normalize with; None (no arrays) if off
+    reward_stats: envs.RewardStats | None  # --normalize-reward: the discounted returns' statistics; off: None
 
 
 class Targets(NamedTuple):
@@ -168,7 +172,7 @@ class Rollout(NamedTuple):
 
     runner: RunnerState
     traj: Transition  # [T, B, ...] this epoch's steps as collected (raw observations)
-    rows: Transition  # [N, ...] the replay, observations normalized with the current statistics
+    rows: Transition  # [N, ...] the replay, observations and rewards normalized with the current statistics
     returns: jax.Array  # [N] what the critic regressed on: the returns of the critic before its update
     targets: Targets  # the policy's: from the critic just updated (plain AWR) or the target copy (Sampling AWR)
     critic_metrics: dict  # per critic step: loss/value, optim/value_grad_norm
@@ -176,13 +180,9 @@ class Rollout(NamedTuple):
 
 
 def td_lambda(rewards, next_values, terminated, dones, gamma: float, lam: float):
-    """TD(lambda) returns over time-major `[T, B]` arrays.
-
-    G_t = r_t + gamma_t * ((1 - lam_t) * V(s'_t) + lam_t * G_{t+1}), with gamma_t = gamma * (1 - terminated_t),
-    lam_t = lam * (1 - done_t), and s'_t the observation after step t before any reset (a truncated episode
-    bootstraps from it). The last step bootstraps fully: G_T = V(s'_{T-1}). lam = 1 is the Monte-Carlo return
-    within the rollout, lam = 0 is TD(0).
-    """
+    """TD(lambda) returns over time-major `[T, B]` arrays: G_t = r_t + gamma_t ((1 - lam_t) V(s'_t) + lam_t G_{t+1}),
+    gamma_t = gamma (1 - terminated_t), lam_t = lam (1 - done_t), s'_t the observation after step t before any reset
+    (a truncated episode bootstraps from it), G_T = V(s'_{T-1}). lam = 1: Monte-Carlo in the rollout; 0: TD(0)."""
     chex.assert_rank(rewards, 2)
     chex.assert_equal_shape([rewards, next_values, terminated, dones])
     discount = gamma * (1.0 - terminated.astype(jnp.float32))
@@ -203,10 +203,8 @@ def awr_weights(advantages, beta: float, w_max: float):
 
 
 def q_scale(q, valid, normalization: str):
-    """std(Q) or mean|Q - mean Q| (+ 1e-5) over the `valid` rows of `q` `[N, K]` on every device; 1 for none.
-
-    Rows of replay slots not yet filled are left out; every device scales by the same number (merged sums).
-    """
+    """std(Q) or mean|Q - mean Q| (+ 1e-5) over the `valid` rows of `q` `[N, K]` (empty replay slots left out),
+    the same on every device (merged sums); 1 for none."""
     chex.assert_rank([q, valid], [2, 1])
     if normalization == "none":
         return 1.0
@@ -331,7 +329,8 @@ def make_trainer(config: Config) -> run.Trainer:
         state = RunnerState(policy=policy, critic=critic_params, policy_opt=policy_tx.init(policy),
                             critic_opt=critic_tx.init(critic_params), replay=None, env_state=env_state, obs=obs,
                             episode_stats=envs.init_episode_stats(B), key=run_key,
-                            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None)
+                            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
+                            reward_stats=envs.init_reward_stats(B) if config.normalize_reward else None)
         step = jax.eval_shape(env_step, state, None)[1]  # the Transition one step records: [B, ...]
         slots = jax.tree.map(lambda x: jnp.zeros((capacity, T) + x.shape, x.dtype), step)
         return state._replace(replay=Replay(data=slots, position=jnp.int32(0), filled=jnp.int32(0)))
@@ -394,9 +393,11 @@ def make_trainer(config: Config) -> run.Trainer:
             traj = traj._replace(next_inputs=jax.vmap(pi, (None, 0))(state.policy, norm(traj.final_obs)))
 
         # STORE: the epoch overwrites the oldest slot; minibatches draw from the first n_valid rows (the rest is empty).
-        state = state._replace(replay=replay_push(state.replay, traj))
+        reward_stats = envs.update_reward_stats(state.reward_stats, traj.reward, traj.done, config.gamma)
+        state = state._replace(replay=replay_push(state.replay, traj), reward_stats=reward_stats)
         rows = jax.tree.map(lambda x: x.reshape((n_rows,) + x.shape[3:]), state.replay.data)  # [N, ...]
-        rows = rows._replace(obs=norm(rows.obs), final_obs=norm(rows.final_obs))
+        rows = rows._replace(obs=norm(rows.obs), final_obs=norm(rows.final_obs),  # rewards / the return std now
+                             reward=rows.reward / envs.reward_scale(reward_stats))
         n_valid = state.replay.filled * layout.rollout_size
         valid = jnp.arange(n_rows) < n_valid
         key, target_key, critic_key, policy_key = jax.random.split(state.key, 4)

@@ -68,6 +68,9 @@ class Config(cli.RunConfig):
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged over
     devices, per seed, saved in checkpoints), clipped to +-10"""
+    normalize_reward: bool = True
+    """divide the rewards the value head and advantages see by a running std of the discounted return
+    where above 1 (kept like --normalize-obs); keeps value targets near 1 whatever the reward scale"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -111,6 +114,7 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
     obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the earlier epochs' observations; off: None
+    reward_stats: envs.RewardStats | None  # --normalize-reward: the discounted returns' statistics; off: None
     key: jax.Array  # differs per device
 
 
@@ -228,6 +232,8 @@ def make_trainer(config: Config) -> run.Trainer:
         return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,
                            episode_stats=envs.init_episode_stats(layout.envs_per_device),
                            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
+                           reward_stats=(envs.init_reward_stats(layout.envs_per_device)
+                                         if config.normalize_reward else None),
                            key=run_key)
 
     def env_step(state: RunnerState, _):
@@ -249,12 +255,15 @@ def make_trainer(config: Config) -> run.Trainer:
         state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
-        # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations from V(final_obs).
+        # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations from V(final_obs), on the
+        # rewards divided by the running std of the discounted return (--normalize-reward).
         final_obs = envs.normalize_obs(state.obs_stats, traj.final_obs)
         _, next_values = jax.vmap(net, (None, 0, None, None))(state.params, final_obs, dist, config.activation)
         lam = 1.0 if config.advantage == "monte-carlo" else config.gae_lambda
-        advantages, targets = gae(traj.reward, traj.value, next_values, traj.terminated, traj.done,
-                                  config.gamma, lam)
+        state = state._replace(reward_stats=envs.update_reward_stats(state.reward_stats, traj.reward, traj.done,
+                                                                     config.gamma))
+        rewards = traj.reward / envs.reward_scale(state.reward_stats)
+        advantages, targets = gae(rewards, traj.value, next_values, traj.terminated, traj.done, config.gamma, lam)
         return Rollout(state=state, traj=traj, advantages=advantages, targets=targets)
 
     def minibatch_step(carry, minibatch: Batch):

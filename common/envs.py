@@ -13,7 +13,9 @@ few (skip_transformer's input).
 `--normalize-obs` (the policy-gradient scripts): `ObsStats` holds the running
 mean and variance of the observations, `update_obs_stats` merges an epoch's
 observations into them (every device's: all devices hold the same numbers),
-`normalize_obs` applies them.
+`normalize_obs` applies them. `--normalize-reward`: `RewardStats`,
+`update_reward_stats` and `reward_scale` divide the rewards by a running standard deviation of the
+discounted return, kept the same way.
 """
 from __future__ import annotations
 
@@ -302,6 +304,46 @@ def normalize_window(stats: ObsStats | None, window: jax.Array) -> jax.Array:
         return window
     obs, in_episode = window[..., :-1], window[..., -1:]
     return jnp.concatenate([normalize_obs(stats, obs) * in_episode, in_episode], -1)
+
+
+class RewardStats(NamedTuple):
+    """`--normalize-reward`: each environment's discounted return so far, and the running variance of
+    those returns (`ObsStats` of shape []), whose standard deviation divides the rewards the learner sees."""
+
+    returns: jax.Array  # [B] the discounted return of each environment's episode so far
+    stats: ObsStats  # of every step's returns, every device's
+
+
+def init_reward_stats(n_envs: int) -> RewardStats:
+    return RewardStats(returns=jnp.zeros(n_envs, jnp.float32), stats=init_obs_stats(()))
+
+
+def update_reward_stats(stats: RewardStats | None, rewards: jax.Array, dones: jax.Array,
+                        gamma) -> RewardStats | None:
+    """`stats` with a rollout's discounted returns G_t = r_t + gamma G_{t-1} (0 before an episode) merged
+    in, from its time-major rewards and ends `[T, B]` (every device's: call inside `devices.map_epoch`);
+    None when `stats` is None (`--normalize-reward` off)."""
+    if stats is None:
+        return None
+
+    def step(ret, x):
+        reward, done = x
+        ret = gamma * ret + reward
+        return jnp.where(done, 0.0, ret), ret
+
+    last, returns = jax.lax.scan(step, stats.returns, (rewards, dones))
+    return RewardStats(returns=last, stats=update_obs_stats(stats.stats, returns))
+
+
+def reward_scale(stats: RewardStats | None):
+    """What the learner's rewards are divided by: the discounted return's standard deviation where it is
+    above 1, else 1 (1 when `stats` is None). The episode metrics keep the raw rewards.
+
+    Rewards are only ever shrunk: a task whose returns are already of order 1 (bsuite's) learns as it
+    would without, and a rare reward after a long run of small ones (DeepSea's cost of moving, then its
+    treasure) is not blown up.
+    """
+    return 1.0 if stats is None else jnp.maximum(jnp.sqrt(stats.stats.var), 1.0)
 
 
 def evaluate(env, env_params, act: Callable, params, key: jax.Array, n_episodes: int) -> jax.Array:

@@ -8,7 +8,8 @@ observation is the step from the observation before it, not the reset one) and r
 the targets in NumPy with the script's network: at a truncated step the target is
 r + gamma V(final observation), at a terminated one r (REINFORCE: r at both, it does not
 bootstrap). The epochs run past the first with `--normalize-obs`, so the statistics are not
-the identity, and the losses the epoch reports are the script's loss function on
+the identity (`--normalize-reward`, on by default where a script has it, divides the rewards
+by more than 1), and the losses the epoch reports are the script's loss function on
 normalized observations.
 """
 import dataclasses
@@ -118,6 +119,27 @@ def np_gae(rewards, values, next_values, terminated, dones, gamma, lam):
     return advantages, advantages + values
 
 
+def np_reward_scale(reward_stats, after, rewards, dones, gamma):
+    """`--normalize-reward` in NumPy: each environment's discounted return G_t = r_t + gamma G_{t-1} (0 after
+    an end) from the state's, the rollout's returns `[T, B]` merged into the running variance (Chan et al.),
+    and what the rewards are divided by: its square root where above 1. `after`, the rollout state's
+    statistics, must match."""
+    returns, ret = np.zeros_like(rewards, np.float64), reward_stats.returns.astype(np.float64)
+    for t in range(len(rewards)):
+        ret = gamma * ret + rewards[t]
+        returns[t] = ret
+        ret = np.where(dones[t], 0.0, ret)
+    old, n = reward_stats.stats, returns.size
+    total = old.count + n
+    delta = returns.mean() - old.mean
+    var = (old.var * old.count + returns.var() * n + delta ** 2 * old.count * n / total) / total
+    np.testing.assert_allclose(after.returns, ret, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose([after.stats.mean, after.stats.var, after.stats.count],
+                               [old.mean + delta * n / total, var, total], rtol=1e-4)
+    assert np.sqrt(var) > 1.5  # the scale is not the identity here
+    return max(np.sqrt(var), 1.0)
+
+
 def check_ends(targets, rewards, next_values, terminated, truncated, gamma):
     """targets = r + gamma V(final observation) at truncated steps, r at terminated ones."""
     cut = truncated & ~terminated
@@ -158,9 +180,11 @@ def test_ppo_joint_epoch():
     inputs, values = host(net(params, norm_obs, dist, config.activation))
     next_values = host(net(params, envs.normalize_obs(stats, flat(traj.final_obs)), dist, config.activation)[1])
     values, next_values = values.reshape(traj.reward.shape), next_values.reshape(traj.reward.shape)
-    advantages, targets = np_gae(traj.reward, values, next_values, traj.terminated, traj.done, config.gamma,
+    rewards = traj.reward / np_reward_scale(before.reward_stats, rollout.state.reward_stats, traj.reward,
+                                            traj.done, config.gamma)
+    advantages, targets = np_gae(rewards, values, next_values, traj.terminated, traj.done, config.gamma,
                                  config.gae_lambda)
-    check_ends(rollout.targets, traj.reward, next_values, traj.terminated, truncated, config.gamma)
+    check_ends(rollout.targets, rewards, next_values, traj.terminated, truncated, config.gamma)
     np.testing.assert_allclose(rollout.advantages, advantages, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(rollout.targets, targets, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(traj.value, values, rtol=1e-5, atol=1e-5)
@@ -205,9 +229,11 @@ def test_actor_critic_epoch():
     values = host(value(runner.value_params, norm_obs, config.activation)).reshape(traj.reward.shape)
     next_values = host(value(runner.value_params, envs.normalize_obs(stats, flat(traj.final_obs)),
                              config.activation)).reshape(traj.reward.shape)
-    advantages, targets = np_gae(traj.reward, values, next_values, traj.terminated, traj.done, config.gamma,
+    rewards = traj.reward / np_reward_scale(runner.reward_stats, rollout.state.reward_stats, traj.reward,
+                                            traj.done, config.gamma)
+    advantages, targets = np_gae(rewards, values, next_values, traj.terminated, traj.done, config.gamma,
                                  config.lam)
-    check_ends(rollout.targets, traj.reward, next_values, traj.terminated, truncated, config.gamma)
+    check_ends(rollout.targets, rewards, next_values, traj.terminated, truncated, config.gamma)
     np.testing.assert_allclose(rollout.advantages, advantages, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(rollout.targets, targets, rtol=1e-4, atol=1e-4)
 
@@ -311,9 +337,11 @@ def test_skip_transformer_epoch():
                                           config))
     inputs, values, _ = net(traj.obs)
     values, next_values = values.reshape(traj.reward.shape), net(traj.final_obs)[1].reshape(traj.reward.shape)
-    advantages, targets = np_gae(traj.reward, values, next_values, traj.terminated, traj.done, config.gamma,
+    rewards = traj.reward / np_reward_scale(runner.reward_stats, rollout.runner.reward_stats, traj.reward,
+                                            traj.done, config.gamma)
+    advantages, targets = np_gae(rewards, values, next_values, traj.terminated, traj.done, config.gamma,
                                  config.gae_lambda)
-    check_ends(rollout.targets, traj.reward, next_values, traj.terminated, truncated, config.gamma)
+    check_ends(rollout.targets, rewards, next_values, traj.terminated, truncated, config.gamma)
     np.testing.assert_allclose(rollout.advantages, advantages, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(rollout.targets, targets, rtol=1e-4, atol=1e-4)
 
@@ -399,16 +427,22 @@ def np_scale(q, normalization):
 
 
 def awr_setup(c, state, rollout):
-    """Per device: the replay rows the epoch stored, observations normalized, and how many are filled."""
+    """Per device: the replay rows the epoch stored, observations and rewards normalized, how many are filled."""
     config, trainer = c.config, c.trainer
     before, replay = devices_of(state), devices_of(rollout).runner.replay
+    # --normalize-reward: one scale for every device, from all their returns (their statistics are merged)
+    traj, after = devices_of(rollout).traj, devices_of(rollout).runner.reward_stats
+    cat = lambda x: np.concatenate(list(x), -1)  # noqa: E731  [D, ..., B] -> [..., D * B]
+    seen = lambda s: envs.RewardStats(returns=cat(s.returns), stats=jax.tree.map(lambda x: x[0], s.stats))  # noqa
+    scale = np_reward_scale(seen(before.reward_stats), seen(after), cat(traj.reward), cat(traj.done), config.gamma)
     n_valid = int(replay.filled[0]) * config.num_steps * config.num_envs // config.n_devices
     N = config.n_replay_epochs * config.num_steps * config.num_envs // config.n_devices
     norm = lambda d, x: np.asarray(envs.normalize_obs(  # noqa: E731
         jax.tree.map(lambda s: s[d], before.obs_stats), jnp.asarray(x.reshape((N,) + x.shape[3:]))))
     rows = [dict(obs=norm(d, replay.data.obs[d]), final_obs=norm(d, replay.data.final_obs[d]),
                  **{k: getattr(replay.data, k)[d].reshape((N,) + getattr(replay.data, k).shape[4:])
-                    for k in ("action", "reward", "terminated", "done", "inputs", "next_inputs")})
+                    for k in ("action", "terminated", "done", "inputs", "next_inputs")},
+                 reward=replay.data.reward[d].reshape(N) / scale)
             for d in range(config.n_devices)]
     assert 0 < n_valid < N  # a slot still empty
     dist = awr.make_distribution(trainer.env.action_space(trainer.env_params))
