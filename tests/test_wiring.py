@@ -258,7 +258,7 @@ def test_actor_critic_epoch():
 def pg():
     # one Adam step on the whole rollout: the loss reported is that of the parameters before it
     config = reinforce.Config(num_envs=8, num_steps=32, batch_size=256, hidden=(16,), gamma=0.9, baseline=True,
-                              normalize_obs=True, total_steps=8 * 32 * 10, n_devices=1)
+                              normalize_obs=True, normalize_reward=True, total_steps=8 * 32 * 10, n_devices=1)
     return Compiled(reinforce, config)
 
 
@@ -284,10 +284,12 @@ def test_reinforce_epoch():
                                                    traj.obs, traj.action, traj.reward, traj.done)
 
     # G_t: at every episode end, truncated or terminated, G = r (REINFORCE does not bootstrap: SPEC 3.2)
-    returns = np_returns(traj.reward, traj.done, config.gamma)
+    rewards = traj.reward / np_reward_scale(before.reward_stats, rollout.runner.reward_stats, traj.reward,
+                                            traj.done, config.gamma)
+    returns = np_returns(rewards, traj.done, config.gamma)
     weights = rollout.weights + rollout.return_mean
     ends = truncated | terminated
-    np.testing.assert_allclose(weights[ends], traj.reward[ends], rtol=1e-5)
+    np.testing.assert_allclose(weights[ends], rewards[ends], rtol=1e-5)
     np.testing.assert_allclose(weights, returns, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(rollout.return_mean, returns.mean(), rtol=1e-5)
 
