@@ -91,6 +91,7 @@ def run_cell(task: str, row: str, seeds: int, scratch: Path, timeout: float) -> 
                                                  if "eval/return" in r))
     per_seed = summary["eval_return_per_seed"]
     return {"mean": summary["eval_return"], "worst": min(per_seed), "per_seed": per_seed,
+            "by_depth": summary.get("eval_return_by_depth_per_seed"),  # skip_transformer: every depth's greedy return
             "env_steps": summary["env_steps"], "wall_s": wall, "commit": commit("algos", "common"),
             "command": "python " + " ".join(cmd[1:-2])}
 
@@ -123,6 +124,11 @@ def report(cells: dict) -> str:
             seeds = ", ".join(f"{x:.3g}" for x in c["per_seed"])
             lines.append(f"| {row} | {c['mean']:.3g} | {c['worst']:.3g} | {'yes' if met(c, goal) else 'no'} "
                          f"| {seeds} | {c['env_steps']:,} | {c['wall_s']:.0f} | {c['commit']} |")
+        for row, c in rows:
+            for depth, per_seed in sorted((c.get("by_depth") or {}).items()):
+                lines.append(f"\n{row}, greedy return with {depth} block(s) run: mean "
+                             f"{sum(per_seed) / len(per_seed):.3g}, worst {min(per_seed):.3g} "
+                             f"({', '.join(f'{x:.3g}' for x in per_seed)})")
         lines.append("")
     return "\n".join(lines)
 
