@@ -75,7 +75,8 @@ class Config(cli.RunConfig):
     normalize_advantages: bool = False
     """standardize advantages per policy batch"""
     scale_value_targets: bool = False
-    """train the value net on targets * (1 - gamma) and read its output times 1 / (1 - gamma)"""
+    """train the value net on targets * (1 - gamma) and read its output times 1 / (1 - gamma) (after the reward
+    normalization: add --no-normalize-reward for Trax's scaling alone)"""
     n_shared_layers: int = 0
     """copy the policy net's first k hidden layers into the value net at each epoch start"""
     n_replay_epochs: int = 1
@@ -89,17 +90,15 @@ class Config(cli.RunConfig):
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged over
     devices, per seed, saved in checkpoints), clipped to +-10"""
-    normalize_reward: bool = True
-    """divide the rewards the value net and advantages see by a running std of the discounted return
-    where above 1 (kept like --normalize-obs); keeps value targets near 1 whatever the reward scale"""
+    no_normalize_reward: bool = False
+    """use the raw rewards; by default the learner's are divided by a running std of the discounted return where
+    above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward scale"""
 
     def __post_init__(self):
         super().__post_init__()
         for name in ("loss", "advantage", "policy_lr_schedule", "value_lr_schedule", "activation", "std"):
             choices, value = typing.get_args(typing.get_type_hints(Config)[name]), getattr(self, name)
             cli.require(value in choices, f"{cli.flag_name(name)} {value!r}: use one of {', '.join(choices)}")
-        if self.policy_lr == 0:  # the --loss default
-            object.__setattr__(self, "policy_lr", {"a2c": 7e-3, "ppo": 2.5e-3}[self.loss])
         for name in ("num_envs", "num_steps", "td_k", "value_batch_size", "value_train_steps"):
             cli.require(getattr(self, name) >= 1, f"{cli.flag_name(name)} must be at least 1")
         for name in ("policy_batch_size", "policy_train_steps"):
@@ -107,8 +106,8 @@ class Config(cli.RunConfig):
         cli.require(self.loss == "a2c" or self.policy_steps > 1,
                     "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only step): "
                     "use 2 or more, or 0 for the default 16")
-        for name in ("policy_lr", "value_lr"):
-            cli.require(getattr(self, name) > 0, f"{cli.flag_name(name)} {getattr(self, name)}: use a positive lr")
+        cli.require(self.policy_lr >= 0 and self.value_lr > 0, f"--policy-lr {self.policy_lr}, --value-lr "
+                    f"{self.value_lr}: use positive learning rates (--policy-lr 0: the --loss default)")
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
         cli.require(0 <= self.lam <= 1, f"--lam {self.lam}: use a value in [0, 1]")
         cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
@@ -167,7 +166,7 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
     obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the earlier epochs' observations; off: None
-    reward_stats: envs.RewardStats | None  # --normalize-reward: the discounted returns' statistics; off: None
+    reward_stats: envs.RewardStats | None  # the discounted returns' statistics; --no-normalize-reward: None
     key: jax.Array  # differs per device
 
 
@@ -336,7 +335,8 @@ def make_trainer(config: Config) -> run.Trainer:
         clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
         return optax.chain(clip, optax.adam(lr, eps=1e-5))
 
-    policy_tx = optimizer(config.policy_lr, config.policy_lr_schedule, config.policy_steps)
+    policy_lr = jnp.where(config.policy_lr > 0, config.policy_lr, {"a2c": 7e-3, "ppo": 2.5e-3}[config.loss])
+    policy_tx = optimizer(policy_lr, config.policy_lr_schedule, config.policy_steps)
     value_tx = optimizer(config.value_lr, config.value_lr_schedule, config.value_train_steps)
     estimate = estimator(config)
     values_of = jax.vmap(jax.vmap(value_network, (None, 0, None)), (None, 0, None))  # [T, B, ...] -> [T, B]
@@ -355,7 +355,7 @@ def make_trainer(config: Config) -> run.Trainer:
                            policy_opt_state=policy_tx.init(policy_params), value_opt_state=value_tx.init(value_params),
                            env_state=env_state, obs=obs, episode_stats=envs.init_episode_stats(layout.envs_per_device),
                            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None, key=run_key,
-                           reward_stats=envs.init_reward_stats(obs.shape[0]) if config.normalize_reward else None)
+                           reward_stats=None if config.no_normalize_reward else envs.init_reward_stats(obs.shape[0]))
 
     def env_step(state: RunnerState, _):
         """One step of the B environments; the policy sees observations normalized by state.obs_stats."""
@@ -378,7 +378,7 @@ def make_trainer(config: Config) -> run.Trainer:
         state = state._replace(value_params=value_params, episode_stats=envs.reset_epoch_stats(state.episode_stats))
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
-        # ADVANTAGES: the estimator on V(s_t), V(final_obs_t) (truncations bootstrap), rewards / --normalize-reward.
+        # ADVANTAGES: the estimator on V(s_t), V(final_obs_t) (truncations bootstrap), rewards / their return std.
         norm = functools.partial(envs.normalize_obs, state.obs_stats)  # off: the identity
         values = value_scale * values_of(state.value_params, norm(traj.obs), config.activation)
         next_values = value_scale * values_of(state.value_params, norm(traj.final_obs), config.activation)

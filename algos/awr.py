@@ -89,9 +89,9 @@ class Config(cli.RunConfig):
     """Box actions: log std as a learned vector (param) or a network output (network)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (per seed, merged over devices, checkpointed)"""
-    normalize_reward: bool = True
-    """divide the rewards the critic's returns see by a running std of the discounted return where above 1
-    (kept like --normalize-obs); keeps value targets near 1 whatever the reward scale"""
+    no_normalize_reward: bool = False
+    """use the raw rewards; by default the learner's are divided by a running std of the discounted return where
+    above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward scale"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -151,7 +151,7 @@ class RunnerState(NamedTuple):
     episode_stats: envs.EpisodeStats
     key: jax.Array  # differs per device
     obs_stats: envs.ObsStats | None  # --normalize-obs: what the networks normalize with; None (no arrays) if off
-    reward_stats: envs.RewardStats | None  # --normalize-reward: the discounted returns' statistics; off: None
+    reward_stats: envs.RewardStats | None  # the discounted returns' statistics; --no-normalize-reward: None
 
 
 class Targets(NamedTuple):
@@ -330,7 +330,7 @@ def make_trainer(config: Config) -> run.Trainer:
                             critic_opt=critic_tx.init(critic_params), replay=None, env_state=env_state, obs=obs,
                             episode_stats=envs.init_episode_stats(B), key=run_key,
                             obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
-                            reward_stats=envs.init_reward_stats(B) if config.normalize_reward else None)
+                            reward_stats=envs.init_reward_stats(B) if not config.no_normalize_reward else None)
         step = jax.eval_shape(env_step, state, None)[1]  # the Transition one step records: [B, ...]
         slots = jax.tree.map(lambda x: jnp.zeros((capacity, T) + x.shape, x.dtype), step)
         return state._replace(replay=Replay(data=slots, position=jnp.int32(0), filled=jnp.int32(0)))

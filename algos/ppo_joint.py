@@ -68,9 +68,9 @@ class Config(cli.RunConfig):
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged over
     devices, per seed, saved in checkpoints), clipped to +-10"""
-    normalize_reward: bool = True
-    """divide the rewards the value head and advantages see by a running std of the discounted return
-    where above 1 (kept like --normalize-obs); keeps value targets near 1 whatever the reward scale"""
+    no_normalize_reward: bool = False
+    """use the raw rewards; by default the learner's are divided by a running std of the discounted return where
+    above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward scale"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -114,7 +114,7 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
     obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the earlier epochs' observations; off: None
-    reward_stats: envs.RewardStats | None  # --normalize-reward: the discounted returns' statistics; off: None
+    reward_stats: envs.RewardStats | None  # the discounted returns' statistics; --no-normalize-reward: None
     key: jax.Array  # differs per device
 
 
@@ -233,7 +233,7 @@ def make_trainer(config: Config) -> run.Trainer:
                            episode_stats=envs.init_episode_stats(layout.envs_per_device),
                            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
                            reward_stats=(envs.init_reward_stats(layout.envs_per_device)
-                                         if config.normalize_reward else None),
+                                         if not config.no_normalize_reward else None),
                            key=run_key)
 
     def env_step(state: RunnerState, _):
@@ -256,7 +256,7 @@ def make_trainer(config: Config) -> run.Trainer:
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
         # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations from V(final_obs), on the
-        # rewards divided by the running std of the discounted return (--normalize-reward).
+        # rewards divided by the running std of the discounted return (unless --no-normalize-reward).
         final_obs = envs.normalize_obs(state.obs_stats, traj.final_obs)
         _, next_values = jax.vmap(net, (None, 0, None, None))(state.params, final_obs, dist, config.activation)
         lam = 1.0 if config.advantage == "monte-carlo" else config.gae_lambda

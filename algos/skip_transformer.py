@@ -89,9 +89,9 @@ class Config(cli.RunConfig):
     normalize_obs: bool = False
     """normalize observations by their running mean and variance, feature by feature (kept in the runner
     state, merged over devices, per seed, saved in checkpoints), clipped to +-10; empty window rows stay 0"""
-    normalize_reward: bool = True
-    """divide the rewards the value head and advantages see by a running std of the discounted return
-    where above 1 (kept like --normalize-obs); keeps value targets near 1 whatever the reward scale"""
+    no_normalize_reward: bool = False
+    """use the raw rewards; by default the learner's are divided by a running std of the discounted return where
+    above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward scale"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -198,7 +198,7 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, L, F + 1] context windows
     episode_stats: envs.EpisodeStats
     obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the observations (None: off)
-    reward_stats: envs.RewardStats | None  # --normalize-reward: the discounted returns' statistics (None: off)
+    reward_stats: envs.RewardStats | None  # the discounted returns' statistics; --no-normalize-reward: None
     skip_step: jax.Array  # [] gradient steps so far: drives the skip warmup
     depth_key: jax.Array  # the same on every device; seed 0's draws serve every seed
     key: jax.Array  # differs per device
@@ -310,7 +310,7 @@ def make_trainer(config: Config) -> run.Trainer:
                            episode_stats=envs.init_episode_stats(layout.envs_per_device),
                            obs_stats=envs.init_obs_stats((env.obs_dim,)) if config.normalize_obs else None,
                            reward_stats=(envs.init_reward_stats(layout.envs_per_device)
-                                         if config.normalize_reward else None),
+                                         if not config.no_normalize_reward else None),
                            skip_step=jnp.int32(0), depth_key=depth_key, key=run_key)
 
     def rollout(runner: RunnerState) -> Rollout:
@@ -334,7 +334,7 @@ def make_trainer(config: Config) -> run.Trainer:
         runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
 
-        # ADVANTAGES: GAE on rewards / --normalize-reward, truncations bootstrapping from the final window.
+        # ADVANTAGES: GAE on rewards / their return std, truncations bootstrapping from the final window.
         next_values = network(runner.params, flat(norm(traj.final_obs)), dist, config)[1].reshape(traj.value.shape)
         runner = runner._replace(reward_stats=envs.update_reward_stats(runner.reward_stats, traj.reward, traj.done,
                                                                        config.gamma))

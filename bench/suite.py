@@ -101,6 +101,22 @@ def met(cell: dict, goal: float) -> bool:
     return "error" not in cell and cell["worst"] >= goal - 1e-4
 
 
+def matrix(cells: dict) -> list[str]:
+    """Every cell in one table: mean and worst seed, the goal met in bold (README copies it)."""
+    tasks = [t for t in TASKS if any(key.startswith(f"{t} | ") for key in cells)]
+    lines = ["| script | " + " | ".join(tasks) + " |", "|---|" + "---:|" * len(tasks),
+             "| anchor; goal, every seed | " + " | ".join(f"{TASKS[t][1]:g}; {TASKS[t][2]:g}" for t in tasks) + " |"]
+    for row in SCRIPTS:
+        if any(f"{t} | {row}" in cells for t in tasks):
+            entries = []
+            for t in tasks:
+                c = cells.get(f"{t} | {row}")
+                text = "" if c is None else "error" if "error" in c else f"{c['mean']:.3g} / {c['worst']:.3g}"
+                entries.append(f"**{text}**" if c is not None and met(c, TASKS[t][2]) else text)
+            lines.append(f"| {row} | " + " | ".join(entries) + " |")
+    return lines + ["", "Each entry: mean / worst of the seeds' greedy returns; bold: every seed at or above the goal."]
+
+
 def report(cells: dict) -> str:
     lines = ["# The gymnax suite", "", "Written by `bench/suite.py` from bench/suite/cells.json: each cell one "
              "process, the script's defaults with only `--env` and the budget (`--total-steps`) given, "
@@ -108,7 +124,7 @@ def report(cells: dict) -> str:
              "table at that budget; goal: every seed at or above it (DeepSea: its optimum, 0.99; Acrobot: -100).", ""]
     judged = [(cell, TASKS[key.split(" | ")[0]][2]) for key, cell in cells.items() if key.split(" | ")[0] in TASKS]
     lines += [f"{sum(met(cell, goal) for cell, goal in judged)} of {len(judged)} cells meet their goal on every "
-              f"seed.", ""]
+              f"seed.", "", *matrix(cells), ""]
     for task, (budget, anchor, goal) in TASKS.items():
         rows = [(row, cells[f"{task} | {row}"]) for row in SCRIPTS if f"{task} | {row}" in cells]
         if not rows:

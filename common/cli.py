@@ -31,6 +31,8 @@ class RunConfig:
 
     SWITCHES = ()  # float flags whose 0 switches a term off: a constant of the programs at 0, else an input
     STATIC_FLOATS = ()  # float flags that are always constants of the programs (a change compiles them anew)
+    # flags added after runs were written, with the value such a run had in effect: `load_config` fills them in
+    LEGACY = {"no_normalize_reward": True}
 
     env: str = "CartPole-v1"
     """gymnax environment id, or package.module:name of your own (a gymnax Environment class, or a function
@@ -281,6 +283,7 @@ def load_config(cls, run_dir: Path):
     unknown = sorted(set(saved) - set(hints))
     require(not unknown, f"--resume {run_dir}: {path} has flags this script does not know "
                          f"({', '.join(unknown)}); was it written by another script?")
+    saved = {**{k: v for k, v in cls.LEGACY.items() if k in hints}, **saved}
     missing = sorted(set(hints) - set(saved) - set(RUN_CONTROL))
     require(not missing, f"--resume {run_dir}: {path} lacks {', '.join(missing)}; add them (this script's defaults: "
                          f"{', '.join(f'{k}: {json.dumps(getattr(cls, k))}' for k in missing)}) or start a new run")

@@ -206,9 +206,9 @@ def test_shared_layers_are_copied_at_each_epoch_start():
 
 def test_scaled_value_targets_read_the_output_times_one_over_one_minus_gamma():
     """A constant raw value output c means V = c / (1 - gamma) = 50 c; TD(1) advantages on CartPole
-    (reward 1, as the rewards stay without --normalize-reward) are 1 - (1 - gamma) V on running steps and
+    (reward 1, as the rewards stay with --no-normalize-reward) are 1 - (1 - gamma) V on running steps and
     1 - V on terminating ones."""
-    config, _, init, epoch = compiled(**FROZEN_VALUE, normalize_reward=False)
+    config, _, init, epoch = compiled(**FROZEN_VALUE, no_normalize_reward=True)
     state = init(run_keys(1))
     c = 0.4
     head = state.value_params["head"]
@@ -283,7 +283,7 @@ def test_two_device_pendulum_epoch_keeps_devices_in_sync():
     (dict(n_replay_epochs=4, loss="a2c"), r"--n-replay-epochs 4: --loss a2c is on-policy"),
     (dict(td_k=0), "--td-k must be at least 1"),
     (dict(value_train_steps=0), "--value-train-steps must be at least 1"),
-    (dict(policy_lr=-1e-3), "--policy-lr -0.001: use a positive"),
+    (dict(policy_lr=-1e-3), "--policy-lr -0.001, --value-lr 0.0025: use positive learning rates"),
     (dict(lam=1.5), "--lam 1.5"),
     (dict(scale_value_targets=True, gamma=1.0), "--scale-value-targets .* below 1"),
     (dict(hidden=()), "--hidden"),

@@ -97,6 +97,35 @@ def test_normalize_window_keeps_empty_rows_and_the_episode_column():
 
 
 # ----------------------------------------------------------------------------
+# The reward statistics (--normalize-reward / --no-normalize-reward)
+# ----------------------------------------------------------------------------
+update_rewards_one = jax.jit(jax.vmap(envs.update_reward_stats, (0, 0, 0, None), axis_name=devices.DEVICE_AXIS))
+
+
+def test_reward_stats_follow_each_environments_discounted_return_across_rollouts_and_resets():
+    """G_t = r_t + gamma G_{t-1}, 0 after an end, carried from one rollout to the next; the variance is
+    that of every G_t seen so far; rewards are divided by its root only where it is above 1."""
+    rng, gamma, B = np.random.default_rng(0), 0.9, 3
+    stats = jax.tree.map(lambda x: x[None], envs.init_reward_stats(B))
+    ret, seen = np.zeros(B), []
+    for scale in (0.1, 0.1, 5.0):  # returns of std below 1 first: the rewards stay as they are
+        rewards = (rng.normal(size=(6, B)) * scale).astype(np.float32)
+        dones = rng.random((6, B)) < 0.3
+        stats = update_rewards_one(stats, rewards[None], dones[None], gamma)
+        for t in range(6):
+            ret = gamma * ret + rewards[t]
+            seen.append(ret.copy())
+            ret = np.where(dones[t], 0.0, ret)
+        np.testing.assert_allclose(stats.returns[0], ret, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(stats.stats.var[0], np.var(seen), rtol=1e-4)
+        assert stats.stats.count[0] == len(seen) * B
+        scale_now = float(envs.reward_scale(jax.tree.map(lambda x: x[0], stats)))
+        np.testing.assert_allclose(scale_now, max(np.std(seen), 1.0), rtol=1e-4)
+    assert np.std(seen) > 1  # the last rollout's returns took the scale above 1
+    assert envs.update_reward_stats(None, rewards, dones, gamma) is None and envs.reward_scale(None) == 1.0
+
+
+# ----------------------------------------------------------------------------
 # Every script with the flag
 # ----------------------------------------------------------------------------
 STEPS = 4 * 16 * 6

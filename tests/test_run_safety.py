@@ -263,6 +263,19 @@ def test_a_damaged_config_json_is_named_on_resume(tmp_path, capsys, damage, mess
     assert f"{tmp_path / 'config.json'}" in err and message in err, err
 
 
+@pytest.mark.parametrize("script", ["ppo_joint", "actor_critic", "awr", "skip_transformer"])
+def test_a_run_written_before_no_normalize_reward_resumes_as_it_ran(tmp_path, script):
+    """Its config.json lacks the flag: the run learned from raw rewards, so it resumes with the flag on."""
+    import importlib
+
+    from common import cli
+
+    module = importlib.import_module(f"algos.{script}")
+    saved = {k: v for k, v in dataclasses.asdict(module.Config()).items() if k != "no_normalize_reward"}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert cli.load_config(module.Config, tmp_path).no_normalize_reward is True
+
+
 # 8. Bad values refused before anything compiles
 @pytest.mark.parametrize("args, message", [
     (["--lr", "inf"], "--lr inf: use a finite number"),

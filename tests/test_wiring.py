@@ -124,6 +124,8 @@ def np_reward_scale(reward_stats, after, rewards, dones, gamma):
     an end) from the state's, the rollout's returns `[T, B]` merged into the running variance (Chan et al.),
     and what the rewards are divided by: its square root where above 1. `after`, the rollout state's
     statistics, must match."""
+    assert reward_stats.stats.count == WARMUP_EPOCHS * rewards.size  # the warmup's epochs joined the statistics
+    assert np.any(reward_stats.returns != 0)  # and left episodes under way
     returns, ret = np.zeros_like(rewards, np.float64), reward_stats.returns.astype(np.float64)
     for t in range(len(rewards)):
         ret = gamma * ret + rewards[t]
@@ -436,6 +438,7 @@ def awr_setup(c, state, rollout):
     traj, after = devices_of(rollout).traj, devices_of(rollout).runner.reward_stats
     cat = lambda x: np.concatenate(list(x), -1)  # noqa: E731  [D, ..., B] -> [..., D * B]
     seen = lambda s: envs.RewardStats(returns=cat(s.returns), stats=jax.tree.map(lambda x: x[0], s.stats))  # noqa
+    chex.assert_trees_all_equal(*(jax.tree.map(lambda x: x[d], after.stats) for d in range(config.n_devices)))
     scale = np_reward_scale(seen(before.reward_stats), seen(after), cat(traj.reward), cat(traj.done), config.gamma)
     n_valid = int(replay.filled[0]) * config.num_steps * config.num_envs // config.n_devices
     N = config.n_replay_epochs * config.num_steps * config.num_envs // config.n_devices
