@@ -32,7 +32,6 @@ OTHER_TASKS = [  # script, its flags, task, budget, what every seed must reach
     # shared tanh torso)
     ("ppo_joint", {}, "Acrobot-v1", 500_000, -100.0),
     ("awr", dict(q_value=True, n_samples=4), "Acrobot-v1", 500_000, -100.0),  # the headline command
-    ("actor_critic", {}, "Acrobot-v1", 500_000, -100.0),
     ("actor_critic", {}, "Catch-bsuite", 100_000, 0.99),  # a2c's --policy-lr 7e-3: at 2.5e-3, 0.44 to 1
     ("skip_transformer", {}, "MemoryChain-bsuite", 150_000, 0.99),  # --context-len 8 sees the cue (4: about 0)
 ]
