@@ -13,9 +13,9 @@ few (skip_transformer's input).
 `--normalize-obs` (the policy-gradient scripts): `ObsStats` holds the running
 mean and variance of the observations, `update_obs_stats` merges an epoch's
 observations into them (every device's: all devices hold the same numbers),
-`normalize_obs` applies them. `--normalize-reward`: `RewardStats`,
-`update_reward_stats` and `reward_scale` divide the rewards by a running standard deviation of the
-discounted return, kept the same way.
+`normalize_obs` applies them. Reward normalization (on unless `--no-normalize-reward`; reinforce's
+`--normalize-reward`): `RewardStats`, `update_reward_stats` and `reward_scale` divide the rewards by a
+running standard deviation of the discounted return, kept the same way.
 """
 from __future__ import annotations
 
@@ -322,7 +322,7 @@ def update_reward_stats(stats: RewardStats | None, rewards: jax.Array, dones: ja
                         gamma) -> RewardStats | None:
     """`stats` with a rollout's discounted returns G_t = r_t + gamma G_{t-1} (0 before an episode) merged
     in, from its time-major rewards and ends `[T, B]` (every device's: call inside `devices.map_epoch`);
-    None when `stats` is None (`--normalize-reward` off)."""
+    None when `stats` is None (normalization off)."""
     if stats is None:
         return None
 
