@@ -53,8 +53,8 @@ class Config(cli.RunConfig):
     """critic learning rate: linear (annealed to 0 over the run) or constant"""
     value_batch_size: int = 256
     """transitions per critic minibatch (per device), drawn uniformly from the replay"""
-    value_steps: int = 32
-    """critic Adam steps per epoch"""
+    value_steps: int = 0
+    """critic Adam steps per epoch (0: 32 for V; 128 for Q, which learns the action's effect from taken actions only)"""
     max_grad_norm: float = 0.5
     """clip each network's gradients to this global norm (0: no clipping)"""
     gamma: float = 0.99
@@ -95,20 +95,21 @@ class Config(cli.RunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("num_envs", "num_steps", "policy_batch_size", "policy_steps", "value_batch_size", "value_steps"):
+        for name in ("num_envs", "num_steps", "policy_batch_size", "policy_steps", "value_batch_size"):
             cli.require(getattr(self, name) >= 1, f"{cli.flag_name(name)} must be at least 1")
-        cli.require(self.n_replay_epochs >= 1, f"--n-replay-epochs {self.n_replay_epochs}: keep at least one epoch")
-        cli.require(self.n_samples >= 1, f"--n-samples {self.n_samples}: use at least 1")
+        cli.require(min(self.n_replay_epochs, self.n_samples) >= 1, f"--n-replay-epochs {self.n_replay_epochs} "
+                    f"and --n-samples {self.n_samples}: use at least one epoch and one sample")
         cli.require(self.q_value or self.n_samples == 1,
                     f"--n-samples {self.n_samples} needs --q-value (plain AWR weights the taken action only)")
         for name in ("reweight", "q_aggregate", "q_temperature", "q_normalization"):  # Sampling AWR's own flags
             cli.require(self.q_value or getattr(self, name) == getattr(Config, name),
                         f"{cli.flag_name(name)} applies to Sampling AWR: add --q-value")
         cli.require(self.q_temperature > 0, f"--q-temperature {self.q_temperature}: use a positive value")
-        cli.require(self.beta > 0 and self.w_max > 0, "--beta and --w-max must be positive")
-        cli.require(min(self.policy_lr, self.value_lr) > 0, "--policy-lr and --value-lr must be positive")
+        cli.require(min(self.beta, self.w_max, self.policy_lr, self.value_lr) > 0,
+                    "--beta, --w-max, --policy-lr and --value-lr must be positive")
         cli.require(0 <= self.gamma <= 1 and 0 <= self.td_lambda <= 1, "--gamma and --td-lambda: use [0, 1]")
         cli.require_non_negative(self, "max_grad_norm", "ent_coef")
+        cli.require(self.value_steps >= 0, f"--value-steps {self.value_steps}: use 1 or more (0: by the critic)")
         cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
 
 
@@ -117,10 +118,14 @@ def policy_net(params: dict, obs: jax.Array, dist, activation: nets.Activation) 
     return dist.policy_head(params["head"], nets.torso(params["torso"], obs, activation))
 
 
-def critic_net(params: dict, obs: jax.Array, action_code: jax.Array | None, activation: nets.Activation) -> jax.Array:
-    """V(s), or Q(s, a) when an action code (one-hot or flat continuous action) is given: a scalar."""
-    x = obs if action_code is None else jnp.concatenate([jnp.ravel(obs).astype(jnp.float32), action_code])
-    return (nets.torso(params["torso"], x, activation) @ params["out"]["w"] + params["out"]["b"])[0]
+def critic_net(params: dict, obs: jax.Array, codes: jax.Array | None, activation: nets.Activation) -> jax.Array:
+    """V(s) `[]`, or Q(s, a_k) `[K]` for action codes `[K, n_code]` (one-hot or flat continuous actions). Q's first
+    layer is W [s; a] = W_s s + W_a a: W_s s is computed once per state, so K actions cost little more than one."""
+    x, (first, *rest) = jnp.ravel(obs).astype(jnp.float32), params["torso"]
+    h = x @ first["w"][:x.size] + first["b"] + (0.0 if codes is None else codes @ first["w"][x.size:])  # [K, H]
+    h = jax.vmap(nets.torso, (None, 0, None))(rest, jnp.atleast_2d(nets.ACTIVATIONS[activation](h)), activation)
+    q = (h @ params["out"]["w"] + params["out"]["b"])[:, 0]
+    return q[0] if codes is None else q
 
 
 class Transition(NamedTuple):
@@ -183,10 +188,8 @@ def td_lambda(rewards, next_values, terminated, dones, gamma: float, lam: float)
     """TD(lambda) returns over time-major `[T, B]` arrays: G_t = r_t + gamma_t ((1 - lam_t) V(s'_t) + lam_t G_{t+1}),
     gamma_t = gamma (1 - terminated_t), lam_t = lam (1 - done_t), s'_t the observation after step t before any reset
     (a truncated episode bootstraps from it), G_T = V(s'_{T-1}). lam = 1: Monte-Carlo in the rollout; 0: TD(0)."""
-    chex.assert_rank(rewards, 2)
-    chex.assert_equal_shape([rewards, next_values, terminated, dones])
-    discount = gamma * (1.0 - terminated.astype(jnp.float32))
-    trace = lam * (1.0 - dones.astype(jnp.float32))
+    chex.assert_rank(rewards, 2), chex.assert_equal_shape([rewards, next_values, terminated, dones])
+    discount, trace = gamma * (1.0 - terminated.astype(jnp.float32)), lam * (1.0 - dones.astype(jnp.float32))
 
     def backward(next_return, x):
         r, v_next, g, l = x
@@ -283,9 +286,8 @@ def make_trainer(config: Config) -> run.Trainer:
         cli.require(getattr(config, name) <= n_rows, f"{cli.flag_name(name)} {getattr(config, name)} is larger than"
                     f" the replay: {capacity} epochs x {B} envs x {T} steps = {n_rows} transitions per device; use "
                     f"at most {n_rows}")
-    # K >= A discrete actions: each once, weighted by mu(a|s), what K samples only estimate. Sampled, a near-
-    # deterministic mu gives K copies of one action, every A_k = 0, and the policy can never leave it
-    # (CartPole, K = 4: 2 of 32 seeds stuck at return 9; enumerated: 0 of 40).
+    # K >= A discrete actions: each once, weighted by mu(a|s). Sampled, a near-deterministic mu gives K copies of one
+    # action, every A_k = 0, and the policy never leaves it (CartPole, K = 4: 2 of 32 at 9; enumerated: 0 of 40).
     enumerate_all = config.q_value and dist.discrete and K >= dist.n
     K = dist.n if enumerate_all else K
 
@@ -295,15 +297,14 @@ def make_trainer(config: Config) -> run.Trainer:
         return optax.chain(clip, optax.adam(lr))
 
     policy_tx = optimizer(config.policy_lr, config.policy_lr_schedule, config.policy_steps)
-    critic_tx = optimizer(config.value_lr, config.value_lr_schedule, config.value_steps)
+    value_steps = config.value_steps or (128 if config.q_value else 32)
+    critic_tx = optimizer(config.value_lr, config.value_lr_schedule, value_steps)
     pi = lambda params, obs: jax.vmap(policy_net, (None, 0, None, None))(params, obs, dist, config.activation)  # noqa
 
     def critic(params, obs, actions=None):  # [N, ...] -> V [N]; with actions [N, K, ...] (one-hot if discrete) Q [N, K]
-        if actions is None:
-            return jax.vmap(critic_net, (None, 0, None, None))(params, obs, None, config.activation)
-        code = lambda a: jax.nn.one_hot(a, dist.n) if dist.discrete else jnp.ravel(a).astype(jnp.float32)  # noqa
-        q_one = lambda o, a: critic_net(params, o, code(a), config.activation)  # noqa: E731
-        return jax.vmap(jax.vmap(q_one, (None, 0)))(obs, actions)
+        codes = None if actions is None else jax.nn.one_hot(actions, dist.n) if dist.discrete else (
+            actions.reshape(actions.shape[:2] + (-1,)).astype(jnp.float32))
+        return jax.vmap(critic_net, (None, 0, None if codes is None else 0, None))(params, obs, codes, config.activation)
 
     def env_step(state: RunnerState, _):
         key, act_key, step_key = jax.random.split(state.key, 3)
@@ -336,8 +337,7 @@ def make_trainer(config: Config) -> run.Trainer:
         return state._replace(replay=Replay(data=slots, position=jnp.int32(0), filled=jnp.int32(0)))
 
     def masked_mean(x, valid):  # over the valid rows of an [N, K] array
-        mask = valid[:, None].astype(jnp.float32)
-        return jnp.sum(x * mask) / jnp.sum(mask) / K
+        return jnp.sum(x * valid[:, None]) / jnp.sum(valid) / K
 
     def targets_of(critic_params, rows: Transition, valid, key) -> Targets:
         """What the critic `critic_params` makes of the replay `rows` `[N, ...]` (`valid` `[N]`: those holding data)."""
@@ -412,7 +412,7 @@ def make_trainer(config: Config) -> run.Trainer:
             return loss, {"loss/value": loss}
 
         (critic_params, critic_opt), critic_metrics = minibatch_steps(
-            "value", critic_loss, critic_tx, state.critic, state.critic_opt, critic_key, config.value_steps,
+            "value", critic_loss, critic_tx, state.critic, state.critic_opt, critic_key, value_steps,
             config.value_batch_size, n_valid)
         # Plain AWR's policy weighs A = G - V of the critic just updated; Sampling AWR's the target copy's A_k.
         return Rollout(runner=state._replace(critic=critic_params, critic_opt=critic_opt, key=key), traj=traj,

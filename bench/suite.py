@@ -42,7 +42,10 @@ TASKS = {
     "DeepSea-bsuite": (150_000, 0.0, 0.99),  # the goal: the optimum, 1 less the cost of the moves right
     "MemoryChain-bsuite": (150_000, 0.1, 0.1),
     "CartPoleNoVel-v1": (200_000, float("nan"), 475.0),  # no anchor: CartPole-v1 without its velocities
+    "Pendulum-v1": (300_000, -130.0, -200.0),  # continuous actions; the anchors are gymnax's at 1M steps
+    "MountainCarContinuous-v0": (300_000, 92.0, 90.0),
 }
+CONTINUOUS = ("Pendulum-v1", "MountainCarContinuous-v0")  # Box actions: no dqn_value rows
 MEMORY = ("MemoryChain-bsuite", "CartPoleNoVel-v1")  # tasks that need memory: skip_transformer's rows
 ONLY_MEMORY = ("CartPoleNoVel-v1",)  # and only its rows
 SCRIPTS = {  # row name: script and flags
@@ -59,9 +62,11 @@ SCRIPTS = {  # row name: script and flags
 
 
 def cells_of(tasks: list[str], scripts: list[str]) -> list[tuple[str, str]]:
-    """(task, row) pairs: skip_transformer on the tasks that need memory, the others on all but ONLY_MEMORY."""
+    """(task, row) pairs: skip_transformer on the tasks that need memory, the others on all but ONLY_MEMORY
+    (dqn_value on discrete actions only)."""
     return [(task, row) for task in tasks for row in scripts
-            if (task in MEMORY if row == "skip_transformer" else task not in ONLY_MEMORY)]
+            if (task in MEMORY if row == "skip_transformer" else task not in ONLY_MEMORY)
+            and not (row == "dqn_value" and task in CONTINUOUS)]
 
 
 def eval_every(script: str, budget: int) -> int:
@@ -125,7 +130,8 @@ def report(cells: dict) -> str:
     lines = ["# The gymnax suite", "", "Written by `bench/suite.py` from bench/suite/cells.json: each cell one "
              "process, the script's defaults with only `--env` and the budget (`--total-steps`) given, "
              "`--num-seeds` seeds in one program, greedy return over 32 episodes at the end. Anchor: gymnax's PPO "
-             "table at that budget; goal: every seed at or above it (DeepSea: its optimum, 0.99; Acrobot: -100).", ""]
+             "table at that budget; goal: every seed at or above it (DeepSea: its optimum, 0.99; Acrobot: -100; Pendulum: -200; "
+             "the continuous tasks' anchors are at 1M steps).", ""]
     judged = [(cell, TASKS[key.split(" | ")[0]][2]) for key, cell in cells.items() if key.split(" | ")[0] in TASKS]
     lines += [f"{sum(met(cell, goal) for cell, goal in judged)} of {len(judged)} cells meet their goal on every "
               f"seed.", "", *matrix(cells), ""]

@@ -545,6 +545,21 @@ def test_awr_epoch():
     check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid)
 
 
+def np_mlp(layers, out, x):
+    """The tanh torso `layers`, then the linear layer `out`, in float64."""
+    f = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    for layer in layers:
+        x = np.tanh(x @ f(layer["w"]) + f(layer["b"]))
+    return x @ f(out["w"]) + f(out["b"])
+
+
+def np_q(params, obs, codes):
+    """Q(s, a_k) `[N, K]`: the critic on the concatenation [s; a_k] of each state `[N, n_obs]` and action code
+    `[N, K, n_code]` (the script splits its first layer instead)."""
+    x = np.concatenate([np.broadcast_to(obs[:, None], codes.shape[:2] + obs.shape[1:]), codes], -1)
+    return np_mlp(params["torso"], params["out"], x.astype(np.float64))[..., 0]
+
+
 @pytest.mark.parametrize("how, temperature, normalization", [
     ("softmax", 0.5, "std"), ("mean", 1.0, "none"), ("max", 1.0, "abs"), ("logsumexp", 2.0, "std")])
 def test_sampling_awr_epoch(how, temperature, normalization):
@@ -560,12 +575,8 @@ def test_sampling_awr_epoch(how, temperature, normalization):
     np.testing.assert_array_equal(devices_of(rollout).targets.actions,
                                   np.broadcast_to(np.arange(A), (config.n_devices, N, A)))
 
-    codes = np.eye(A, dtype=np.float32)
-
     def q_of(d, obs):  # Q(s, a) of the target copy (the critic before its update) for every action: [N, A]
-        params = jax.tree.map(lambda x: x[d], before.critic)
-        q = jax.vmap(lambda o: jax.vmap(lambda a: awr.critic_net(params, o, a, config.activation))(jnp.asarray(codes)))
-        return np.asarray(q(jnp.asarray(obs)), np.float64)
+        return np_q(jax.tree.map(lambda x: x[d], before.critic), obs, np.broadcast_to(np.eye(A), (len(obs), A, A)))
 
     q = [q_of(d, row["obs"]) for d, row in enumerate(rows)]
     next_q = [q_of(d, row["final_obs"]) for d, row in enumerate(rows)]
@@ -587,6 +598,48 @@ def test_sampling_awr_epoch(how, temperature, normalization):
     check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean, std, config.w_max)
     if flags == SAMPLING:
         check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid)
+
+
+# Pendulum, K = 4 actions drawn from the Gaussian mu recorded at collection
+CONTINUOUS = dict(AWR, env="Pendulum-v1", q_value=True, n_samples=4)
+
+
+def test_sampling_awr_continuous_epoch():
+    """Continuous Sampling AWR: the K actions per state follow mu (their z-scores are standard normal), log mu,
+    Q(s, a_k), A_k = Q_k - mean_k Q_k, the weights and the policy's loss, all in NumPy."""
+    c = awr_compiled(**CONTINUOUS)
+    state, rollout, metrics = awr_state(**CONTINUOUS)
+    before, rows, n_valid, N, dist = awr_setup(c, state, rollout)
+    config, r, K = c.config, devices_of(rollout), CONTINUOUS["n_samples"]
+    t = r.targets
+    chex.assert_shape(t.actions, (config.n_devices, N, K, 1))
+
+    def gaussian(inputs, actions):  # mu's z-scores [N, K] and log-densities [N, K] of 1-D actions [N, K]
+        mean, log_std = np.split(inputs.astype(np.float64), 2, -1)
+        z = (actions - mean) / np.exp(log_std)
+        return z, -0.5 * z ** 2 - log_std - 0.5 * np.log(2 * np.pi)
+
+    z, log_mu = zip(*(gaussian(row["inputs"], t.actions[d][..., 0]) for d, row in enumerate(rows)))
+    zs = np.concatenate([x[:n_valid] for x in z])
+    assert abs(zs.mean()) < 0.15 and abs(zs.std() - 1) < 0.15 and np.all(np.std(zs, 1) > 0)
+    q = [np_q(jax.tree.map(lambda x: x[d], before.critic), row["obs"], t.actions[d]) for d, row in enumerate(rows)]
+    advantages, weights, mean, std = np_weights(config, [qd - qd.mean(1, keepdims=True) for qd in q], n_valid)
+    for d in range(config.n_devices):
+        for name, got, want in (("log_mu", t.log_mu, log_mu), ("q", t.q, q), ("advantages", t.advantages, advantages),
+                                ("weights", t.weights, weights)):
+            np.testing.assert_allclose(got[d][:n_valid], want[d][:n_valid], rtol=1e-3, atol=1e-4, err_msg=name)
+        np.testing.assert_array_equal(t.mask[d], 1.0)
+    losses = []  # -mean_s mean_k w_k log pi(a_k|s) on each device's minibatch (one policy step)
+    for d, row in enumerate(rows):
+        idx = np.asarray(jax.random.randint(jax.random.split(r.policy_key[d], 1)[0], (config.policy_batch_size,), 0,
+                                            n_valid))
+        policy = jax.tree.map(lambda x: np.asarray(x[d]), before.policy)
+        head = {"w": policy["head"]["w"], "b": policy["head"]["b"]}
+        inputs = np.concatenate([np_mlp(policy["torso"], head, row["obs"][idx].astype(np.float64)),
+                                 np.broadcast_to(policy["head"]["log_std"], (len(idx), 1))], -1)
+        log_pi = gaussian(inputs[:, None, :].repeat(K, 1).reshape(-1, 2), t.actions[d][idx].reshape(-1, 1))[1]
+        losses.append(-np.mean(weights[d][idx] * log_pi.reshape(len(idx), K)))
+    np.testing.assert_allclose(metrics["loss/policy"][0, 0], np.mean(losses), rtol=1e-4, atol=1e-5)
 
 
 def test_awr_reweight_carries_no_gradient():
