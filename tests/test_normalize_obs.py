@@ -284,6 +284,8 @@ def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
     chex.assert_trees_all_equal(*states)
     stats = jax.tree.map(lambda x: x[0, 1], states[0].obs_stats)  # device 0, seed 1
     assert float(stats.count) == 6 * 64 and np.abs(np.asarray(stats.var) - 1).max() > 1e-2
+    returns = jax.tree.map(lambda x: x[0, 1], states[0].reward_stats.stats)  # --normalize-reward's, resumed as well
+    assert float(returns.count) == 6 * 64 and float(returns.var) > 0
     assert json.loads((tmp_path / "whole" / "config.json").read_text())["normalize_obs"] is True
 
     # load_agent acts with them: the network of seed 1 on the observations normalized by hand
