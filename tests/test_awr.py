@@ -374,8 +374,7 @@ def test_headline_command_learns_cartpole_on_every_seed(tmp_path):
 
 
 @pytest.mark.slow
-def test_learns_pendulum(tmp_path):
-    config = Config(env="Pendulum-v1", gamma=0.9, total_steps=200_000, seed=0, n_devices=1, eval_every=0,
-                    out_dir=str(tmp_path))
+def test_learns_pendulum_with_the_defaults(tmp_path):
+    config = Config(env="Pendulum-v1", total_steps=300_000, seed=0, n_devices=1, eval_every=0, out_dir=str(tmp_path))
     summary = run.train(config, make_trainer, "awr").summary
-    assert summary["eval_return"] >= -300, summary
+    assert summary["eval_return"] >= -200, summary

@@ -16,14 +16,6 @@ def test_ppo_joint_learns_cartpole(tmp_path):
     assert summary["eval_return"] >= 475, summary
 
 
-def test_ppo_joint_learns_pendulum(tmp_path):
-    config = ppo_joint.Config(env="Pendulum-v1", seed=0, n_devices=1, eval_every=0, out_dir=str(tmp_path),
-                              num_envs=16, num_steps=128, total_steps=300_000, gamma=0.9,
-                              update_epochs=10, num_minibatches=8, normalize_advantages=True, vf_coef=0.1)
-    summary = run.train(config, ppo_joint.make_trainer, "ppo_joint").summary
-    assert summary["eval_return"] >= -300, summary
-
-
 # ----------------------------------------------------------------------------
 # The defaults on other tasks of the gymnax suite (bench/SUITE.md has 8 seeds of every cell)
 # ----------------------------------------------------------------------------
@@ -31,7 +23,10 @@ OTHER_TASKS = [  # script, its flags, task, budget, what every seed must reach
     # before --normalize-reward: 4 of 8 suite seeds at -500 (the value targets near -100 saturated the
     # shared tanh torso)
     ("ppo_joint", {}, "Acrobot-v1", 500_000, -100.0),
-    ("awr", dict(q_value=True, n_samples=4), "Acrobot-v1", 500_000, -100.0),  # the headline command
+    # continuous actions with the same defaults (the README's Pendulum command had 6 flags more)
+    ("ppo_joint", {}, "Pendulum-v1", 300_000, -200.0),
+    # the headline command, K = 4 actions drawn from the recorded Gaussian: at 32 critic steps, 5 of 8 seeds < -500
+    ("awr", dict(q_value=True, n_samples=4), "Pendulum-v1", 300_000, -200.0),
     ("actor_critic", {}, "Catch-bsuite", 100_000, 0.99),  # a2c's --policy-lr 7e-3: at 2.5e-3, 0.44 to 1
     ("skip_transformer", {}, "MemoryChain-bsuite", 150_000, 0.99),  # --context-len 8 sees the cue (4: about 0)
 ]
