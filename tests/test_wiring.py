@@ -497,6 +497,12 @@ def check_awr_figures(rollout, n_valid, returns, advantages, weights, mask, mean
     assert np.isclose(np.concatenate([w[:n_valid] for w in weights]), w_max).any()  # some weights clip
 
 
+def policy_minibatch(r, d, config, n_valid):
+    """The rows device `d` draws for the epoch's one policy step, from its policy key."""
+    return np.asarray(jax.random.randint(jax.random.split(r.policy_key[d], 1)[0], (config.policy_batch_size,), 0,
+                                         n_valid))
+
+
 def check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_valid):
     """The loss the epoch reports: policy_loss on the normalized replay rows of its minibatch (one step, each
     device drawing its rows from its policy key), with the weights and mask recomputed here."""
@@ -504,8 +510,7 @@ def check_awr_policy_loss(c, before, rollout, metrics, rows, weights, mask, n_va
     dist = awr.make_distribution(c.trainer.env.action_space(c.trainer.env_params))
     losses = []
     for d, row in enumerate(rows):
-        idx = np.asarray(jax.random.randint(jax.random.split(r.policy_key[d], 1)[0], (config.policy_batch_size,), 0,
-                                            n_valid))
+        idx = policy_minibatch(r, d, config, n_valid)
         losses.append(awr.policy_loss(jax.tree.map(lambda x: x[d], before.policy),
                                       jnp.asarray(row["obs"][idx]), jnp.asarray(r.targets.actions[d][idx]),
                                       jnp.asarray(weights[d][idx], jnp.float32), jnp.asarray(mask[d][idx], jnp.float32),
@@ -631,14 +636,12 @@ def test_sampling_awr_continuous_epoch():
         np.testing.assert_array_equal(t.mask[d], 1.0)
     losses = []  # -mean_s mean_k w_k log pi(a_k|s) on each device's minibatch (one policy step)
     for d, row in enumerate(rows):
-        idx = np.asarray(jax.random.randint(jax.random.split(r.policy_key[d], 1)[0], (config.policy_batch_size,), 0,
-                                            n_valid))
+        idx = policy_minibatch(r, d, config, n_valid)
         policy = jax.tree.map(lambda x: np.asarray(x[d]), before.policy)
         head = {"w": policy["head"]["w"], "b": policy["head"]["b"]}
         inputs = np.concatenate([np_mlp(policy["torso"], head, row["obs"][idx].astype(np.float64)),
                                  np.broadcast_to(policy["head"]["log_std"], (len(idx), 1))], -1)
-        log_pi = gaussian(inputs[:, None, :].repeat(K, 1).reshape(-1, 2), t.actions[d][idx].reshape(-1, 1))[1]
-        losses.append(-np.mean(weights[d][idx] * log_pi.reshape(len(idx), K)))
+        losses.append(-np.mean(weights[d][idx] * gaussian(inputs, t.actions[d][idx][..., 0])[1]))
     np.testing.assert_allclose(metrics["loss/policy"][0, 0], np.mean(losses), rtol=1e-4, atol=1e-5)
 
 
