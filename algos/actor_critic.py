@@ -23,7 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import chex  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from common import cli, devices, envs, nets, run  # noqa: E402
@@ -327,7 +326,8 @@ def make_trainer(config: Config) -> run.Trainer:
         cli.require(1 <= size <= layout.steps_per_epoch and size % layout.n_devices == 0,
                     f"{cli.flag_name(name)} {size}: use a multiple of --n-devices {layout.n_devices} of at most "
                     f"{config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}")
-    obs_dim = int(np.prod(env.observation_space(env_params).shape))
+    obs_shape = tuple(env.observation_space(env_params).shape)
+    conv = nets.uses_conv(config.torso, obs_shape)  # the networks' first layer: a convolution for images
     value_scale = 1.0 / (1.0 - config.gamma) if config.scale_value_targets else 1.0
 
     def optimizer(lr: float, schedule: str, n_steps: int):
@@ -345,7 +345,7 @@ def make_trainer(config: Config) -> run.Trainer:
     def init(key) -> RunnerState:
         # parameters from the seed's key alone (the same on every device), exploration from a device key
         policy_key, policy_head_key, value_key, value_head_key, env_key = jax.random.split(key, 5)
-        torso = lambda k: nets.torso_init(jax.random.split(k, len(config.hidden)), obs_dim, config.hidden)  # noqa: E731
+        torso = lambda k: nets.torso_init(jax.random.split(k, len(config.hidden)), obs_shape, config.hidden, conv)  # noqa
         policy_params = {"torso": torso(policy_key), "head": dist.head_init(policy_head_key, config.hidden[-1])}
         value_params = {"torso": torso(value_key), "head": nets.dense_init(value_head_key, config.hidden[-1], 1, 1.0)}
         value_params = share_layers(policy_params, value_params, config.n_shared_layers)

@@ -121,7 +121,8 @@ def policy_net(params: dict, obs: jax.Array, dist, activation: nets.Activation) 
 def critic_net(params: dict, obs: jax.Array, codes: jax.Array | None, activation: nets.Activation) -> jax.Array:
     """V(s) `[]`, or Q(s, a_k) `[K]` for action codes `[K, n_code]` (one-hot or flat continuous actions). Q's first
     layer is W [s; a] = W_s s + W_a a: W_s s is computed once per state, so K actions cost little more than one."""
-    x, (first, *rest) = jnp.ravel(obs).astype(jnp.float32), params["torso"]
+    n_conv = sum(layer["w"].ndim == 4 for layer in params["torso"])  # the convolution, if any, sees the state alone
+    x, (first, *rest) = nets.torso(params["torso"][:n_conv], obs, activation), params["torso"][n_conv:]
     h = x @ first["w"][:x.size] + first["b"] + (0.0 if codes is None else codes @ first["w"][x.size:])  # [K, H]
     h = jax.vmap(nets.torso, (None, 0, None))(rest, jnp.atleast_2d(nets.ACTIVATIONS[activation](h)), activation)
     q = (h @ params["out"]["w"] + params["out"]["b"])[:, 0]
@@ -322,11 +323,11 @@ def make_trainer(config: Config) -> run.Trainer:
         policy_key, head_key, critic_key, out_key, env_key = jax.random.split(key, 5)  # same on every device
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, B)
-        torso = lambda k, n_in: nets.torso_init(jax.random.split(k, len(config.hidden)), n_in, config.hidden)  # noqa
-        policy = {"torso": torso(policy_key, obs[0].size), "head": dist.head_init(head_key, config.hidden[-1])}
+        torso = lambda k, extra: nets.torso_init(jax.random.split(k, len(config.hidden)), obs.shape[1:],  # noqa
+                                                 config.hidden, nets.uses_conv(config.torso, obs.shape[1:]), extra)
+        policy = {"torso": torso(policy_key, 0), "head": dist.head_init(head_key, config.hidden[-1])}
         code_dim = (dist.n if dist.discrete else dist.d) if config.q_value else 0  # Q(s, a): the action's input
-        critic_params = {"torso": torso(critic_key, obs[0].size + code_dim),
-                         "out": nets.dense_init(out_key, config.hidden[-1], 1, 1.0)}
+        critic_params = {"torso": torso(critic_key, code_dim), "out": nets.dense_init(out_key, config.hidden[-1], 1, 1)}
         state = RunnerState(policy=policy, critic=critic_params, policy_opt=policy_tx.init(policy),
                             critic_opt=critic_tx.init(critic_params), replay=None, env_state=env_state, obs=obs,
                             episode_stats=envs.init_episode_stats(B), key=run_key,
@@ -365,8 +366,7 @@ def make_trainer(config: Config) -> run.Trainer:
         weights = awr_weights(advantages, config.beta, config.w_max)
         metrics = {"awr/advantage_mean": mean, "awr/advantage_std": jnp.sqrt(var),  # before standardizing
                    "awr/weight_mean": masked_mean(weights, valid),
-                   "awr/weight_max": jax.lax.pmax(jnp.max(jnp.where(valid[:, None], weights, 0.0)),
-                                                  devices.DEVICE_AXIS),
+                   "awr/weight_max": jax.lax.pmax(jnp.max(jnp.where(valid[:, None], weights, 0.0)), devices.DEVICE_AXIS),
                    "awr/weight_clipped_fraction": masked_mean(advantages / config.beta >= jnp.log(config.w_max), valid),
                    **({"q/mean": masked_mean(q, valid)} if config.q_value else {})}
         return Targets(returns=returns, actions=actions, log_mu=log_mu, q=q, advantages=advantages, weights=weights,

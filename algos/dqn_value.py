@@ -14,7 +14,10 @@ n-step targets are formed when a batch is sampled, not at collection: the
 replay keeps each environment's steps in time order, across epochs, so a
 window can run on past the end of the rollout it started in. A window stops at
 the first episode end (terminated: no bootstrap; truncated: bootstrap from the
-final observation) and at the newest stored step.
+final observation) and at the newest stored step. A row's next observation is
+not stored twice: it is the next row's, the newest row's is kept beside the
+ring, and only an episode cut by its time limit keeps its final observation,
+in a ring of a few slots per environment (one per time limit the ring spans).
 """
 from __future__ import annotations
 
@@ -28,7 +31,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import chex  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from common import cli, devices, envs, nets, run  # noqa: E402
@@ -39,6 +41,10 @@ class Config(cli.RunConfig):
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     total_steps: int = 150_000
     """environment steps to train for (per seed)"""
+    eval_every: int = 250
+    """greedy evaluation every this many epochs (0: only at the end): 25k steps at the defaults"""
+    checkpoint_every: int = 250
+    """save a checkpoint every this many epochs (and at the end, and on Ctrl-C)"""
     num_envs: int = 10
     """parallel environments (split over devices)"""
     num_steps: int = 10
@@ -113,9 +119,9 @@ class Config(cli.RunConfig):
 # ----------------------------------------------------------------------------
 # Network: plain functions over a parameter pytree
 # ----------------------------------------------------------------------------
-def init_network(key, obs_dim: int, hidden: tuple, n_actions: int) -> dict:
+def init_network(key, obs_shape: tuple, hidden: tuple, n_actions: int, conv: bool = False) -> dict:
     keys = jax.random.split(key, len(hidden) + 1)
-    return {"body": nets.torso_init(keys[:-1], obs_dim, hidden),
+    return {"body": nets.torso_init(keys[:-1], obs_shape, hidden, conv),
             "head": nets.dense_init(keys[-1], hidden[-1], n_actions, 1.0)}
 
 
@@ -128,6 +134,8 @@ def network(params: dict, obs: jax.Array, activation: nets.Activation) -> jax.Ar
 # Records
 # ----------------------------------------------------------------------------
 class Transition(NamedTuple):
+    """One step of the rollout."""
+
     obs: jax.Array  # s_t
     action: jax.Array
     reward: jax.Array
@@ -136,10 +144,28 @@ class Transition(NamedTuple):
     final_obs: jax.Array  # s_{t+1} before any reset (bootstraps truncated episodes)
 
 
-class Replay(NamedTuple):
-    """A ring of Config.capacity rows; each environment's column holds its steps in time order, across epochs."""
+class Row(NamedTuple):
+    """One step as the replay keeps it: s_{t+1} is the next row's obs, or `Replay.final[final_slot]`."""
 
-    data: Transition  # [capacity, B, ...]
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    done: jax.Array
+    final_slot: jax.Array  # truncated (and not terminated): its final observation's slot in Replay.final; else -1
+
+
+class Replay(NamedTuple):
+    """A ring of Config.capacity rows; each environment's column holds its steps in time order, across epochs.
+
+    An episode lasts at most max_steps_in_episode steps (gymnax truncates at the time limit), so the rows
+    hold at most capacity // max_steps + 1 truncations per environment: `final` has that many slots.
+    """
+
+    data: Row  # [capacity, B, ...]
+    next_obs: jax.Array  # [B, *obs_shape] s_{t+1} of the newest row (after any reset)
+    final: jax.Array  # [n_final, B, *obs_shape] final observations of truncated episodes, a ring per environment
+    n_truncated: jax.Array  # [B] truncations stored so far: the next one goes to slot n_truncated % n_final
     position: jax.Array  # [] the next row to write
     filled: jax.Array  # [] rows holding data (at most capacity)
 
@@ -232,15 +258,34 @@ def dqn_loss(params, target_params, batch: Batch, config: Config):
     return loss, {"loss/value": loss, "q/mean": jnp.mean(q), "q/target_mean": jnp.mean(targets)}
 
 
-def replay_push(replay: Replay, rollout: Transition) -> Replay:
-    """`replay` with a `[T, B, ...]` rollout written at its position (capacity a multiple of T, position of T)."""
+def init_replay(capacity: int, n_final: int, obs: jax.Array) -> Replay:
+    """An empty replay for the environments' first observations `obs` `[B, *obs_shape]`."""
+    zeros = lambda shape, dtype: jnp.zeros((capacity,) + shape, dtype)  # noqa: E731
+    n_envs = obs.shape[0]
+    data = Row(obs=zeros(obs.shape, obs.dtype), action=zeros((n_envs,), jnp.int32),
+               reward=zeros((n_envs,), jnp.float32), terminated=zeros((n_envs,), jnp.bool_),
+               done=zeros((n_envs,), jnp.bool_), final_slot=zeros((n_envs,), jnp.int32))
+    zero = jnp.int32(0)
+    return Replay(data=data, next_obs=obs, final=jnp.zeros((n_final,) + obs.shape, obs.dtype),
+                  n_truncated=jnp.zeros((n_envs,), jnp.int32), position=zero, filled=zero)
+
+
+def replay_push(replay: Replay, rollout: Transition, next_obs: jax.Array) -> Replay:
+    """`replay` with a `[T, B, ...]` rollout written at its position (capacity a multiple of T, position of T);
+    `next_obs` `[B, ...]` follows its last step. Truncated steps' final observations go to their slots."""
     chex.assert_rank([replay.data.reward, rollout.reward], 2)
-    chex.assert_trees_all_equal_structs(replay.data, rollout)
-    capacity, n_rows = replay.data.reward.shape[0], rollout.reward.shape[0]
+    capacity, n_rows, n_final = replay.data.reward.shape[0], rollout.reward.shape[0], replay.final.shape[0]
+    truncated = rollout.done & ~rollout.terminated  # [T, B]
+    count = replay.n_truncated + jnp.cumsum(truncated, axis=0) - truncated  # truncations before each step
+    slot = jnp.where(truncated, count % n_final, -1)
+    rows = Row(obs=rollout.obs, action=rollout.action, reward=rollout.reward, terminated=rollout.terminated,
+               done=rollout.done, final_slot=slot)
     data = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, replay.position, axis=0),
-                        replay.data, rollout)
-    return Replay(data=data, position=(replay.position + n_rows) % capacity,
-                  filled=jnp.minimum(replay.filled + n_rows, capacity))
+                        replay.data, rows)
+    env = jnp.broadcast_to(jnp.arange(slot.shape[1]), slot.shape)
+    final = replay.final.at[jnp.where(truncated, slot, n_final), env].set(rollout.final_obs, mode="drop")
+    return Replay(data=data, next_obs=next_obs, final=final, n_truncated=replay.n_truncated + truncated.sum(0),
+                  position=(replay.position + n_rows) % capacity, filled=jnp.minimum(replay.filled + n_rows, capacity))
 
 
 def sample_batch(replay: Replay, key, n_samples: int, n_step: int, gamma: float) -> Batch:
@@ -258,11 +303,18 @@ def sample_batch(replay: Replay, key, n_samples: int, n_step: int, gamma: float)
     env = jax.random.randint(env_key, (n_samples,), 0, n_envs)
     rows = (start[:, None] + jnp.arange(n_step)) % capacity  # [N, n]
     window = lambda x: x[rows, env[:, None]]  # noqa: E731  [capacity, B] -> [N, n]
-    cut = window(data.done) | (rows == (replay.position - 1) % capacity)
+    newest = (replay.position - 1) % capacity
+    cut = window(data.done) | (rows == newest)
     parts = n_step_return(window(data.reward), window(data.terminated), cut, gamma)
     boot_row = jnp.take_along_axis(rows, parts.last[:, None], axis=1)[:, 0]
+    # s'_{t+m-1}: a truncated row's final observation, the newest row's successor, or the next row's obs (after
+    # a termination it is the reset's, and the discount 0 leaves it out)
+    slot, after = data.final_slot[boot_row, env], (boot_row + 1) % capacity
+    expand = lambda c: c.reshape(c.shape + (1,) * (data.obs.ndim - 2))  # noqa: E731  [N] -> [N, 1, ...]
+    boot_obs = jnp.where(expand(slot >= 0), replay.final[jnp.maximum(slot, 0), env],
+                         jnp.where(expand(boot_row == newest), replay.next_obs[env], data.obs[after, env]))
     return Batch(obs=data.obs[start, env], action=data.action[start, env], returns=parts.returns,
-                 discount=parts.discount, boot_obs=data.final_obs[boot_row, env])
+                 discount=parts.discount, boot_obs=boot_obs)
 
 
 # ----------------------------------------------------------------------------
@@ -282,6 +334,8 @@ def make_trainer(config: Config) -> run.Trainer:
                               f"action space is {type(space).__name__}; use an environment with Discrete actions")
     n_actions = int(space.n)
     obs_shape = tuple(env.observation_space(env_params).shape)
+    conv = nets.uses_conv(config.torso, obs_shape)
+    n_final = config.capacity // int(env_params.max_steps_in_episode) + 1  # truncations the ring can hold (Replay)
     n_updates = layout.num_epochs * config.update_steps
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
     clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
@@ -292,16 +346,12 @@ def make_trainer(config: Config) -> run.Trainer:
 
     def init(key) -> RunnerState:
         param_key, env_key = jax.random.split(key)  # same on every device
-        params = init_network(param_key, int(np.prod(obs_shape)), config.hidden, n_actions)
+        params = init_network(param_key, obs_shape, config.hidden, n_actions, conv)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        zeros = lambda shape, dtype: jnp.zeros((config.capacity, envs_per_device) + shape, dtype)  # noqa: E731
-        data = Transition(obs=zeros(obs_shape, obs.dtype), action=zeros((), jnp.int32),
-                          reward=zeros((), jnp.float32), terminated=zeros((), jnp.bool_), done=zeros((), jnp.bool_),
-                          final_obs=zeros(obs_shape, obs.dtype))
         zero = jnp.int32(0)
         return RunnerState(params=params, target_params=params, opt_state=tx.init(params), env_state=env_state,
-                           obs=obs, replay=Replay(data=data, position=zero, filled=zero),
+                           obs=obs, replay=init_replay(config.capacity, n_final, obs),
                            episode_stats=envs.init_episode_stats(envs_per_device), epoch=zero, step=zero, key=run_key)
 
     def epoch(runner: RunnerState):
@@ -325,7 +375,7 @@ def make_trainer(config: Config) -> run.Trainer:
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
 
         # STORE: the rollout overwrites the oldest epoch's rows of the ring buffer.
-        runner = runner._replace(replay=replay_push(runner.replay, traj))
+        runner = runner._replace(replay=replay_push(runner.replay, traj, runner.obs))
 
         # TARGETS: every update step's batch is drawn at once (the draws do not depend
         # on the parameters); y = G + gamma^m * Q_target(s'_{t+m-1}, a*) is completed

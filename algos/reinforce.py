@@ -22,7 +22,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import chex  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from common import cli, devices, envs, nets, run  # noqa: E402
@@ -76,9 +75,9 @@ class Config(cli.RunConfig):
 # ----------------------------------------------------------------------------
 # Network: a plain function over a parameter pytree
 # ----------------------------------------------------------------------------
-def init_network(key, obs_dim: int, hidden: tuple, dist) -> dict:
+def init_network(key, obs_shape: tuple, hidden: tuple, dist, conv: bool = False) -> dict:
     keys = jax.random.split(key, len(hidden) + 1)
-    return {"torso": nets.torso_init(keys[:-1], obs_dim, hidden), "head": dist.head_init(keys[-1], hidden[-1])}
+    return {"torso": nets.torso_init(keys[:-1], obs_shape, hidden, conv), "head": dist.head_init(keys[-1], hidden[-1])}
 
 
 def network(params: dict, obs: jax.Array, dist, activation: nets.Activation) -> jax.Array:
@@ -182,7 +181,8 @@ def make_trainer(config: Config) -> run.Trainer:
     envs_per_device, batch_per_device = layout.envs_per_device, config.batch_size // layout.n_devices
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
-    obs_dim = int(np.prod(env.observation_space(env_params).shape))
+    obs_shape = tuple(env.observation_space(env_params).shape)
+    conv = nets.uses_conv(config.torso, obs_shape)
     n_updates = layout.num_epochs * config.train_steps
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
     clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
@@ -192,7 +192,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
     def init(key) -> RunnerState:
         param_key, env_key = jax.random.split(key)  # same on every device
-        params = init_network(param_key, obs_dim, config.hidden, dist)
+        params = init_network(param_key, obs_shape, config.hidden, dist, conv)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
         return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,

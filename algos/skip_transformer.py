@@ -8,8 +8,7 @@ position. Each gradient step runs a random number of blocks (common/skipping.py;
 one depth for every device and seed, so skipped blocks really do not run), and
 a shallower net still acts at inference: the run ends with the greedy return
 at every depth. Trained with the PPO joint loss; one epoch -- vectorized gymnax
-rollout, GAE, PPO updates -- is one compiled function. The default task,
-CartPoleNoVel-v1, hides the velocities: the policy must infer them from its context.
+rollout, GAE, PPO updates -- is one compiled function. CartPoleNoVel-v1 (the default) hides the velocities.
 
     python algos/skip_transformer.py                            # CartPoleNoVel-v1
     python algos/skip_transformer.py --env MemoryChain-bsuite --skip-fraction 0.5
@@ -21,7 +20,7 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,6 +43,8 @@ class Config(cli.RunConfig):
     """gymnax environment id, or CartPoleNoVel-v1: CartPole-v1 with its velocities hidden"""
     total_steps: int = 200_000
     """environment steps to train for (per seed)"""
+    torso: Literal["mlp"] = "mlp"
+    """each observation of the window enters through one dense embedding (no convolution is built for it)"""
     num_envs: int = 8
     """parallel environments (split over devices)"""
     num_steps: int = 128
@@ -305,12 +306,12 @@ def make_trainer(config: Config) -> run.Trainer:
         param_key, depth_key, env_key = jax.random.split(key, 3)  # same on every device
         params = init_network(param_key, env.obs_dim, config, dist)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
-        obs, env_state = envs.reset_envs(env, env_params, reset_key, layout.envs_per_device)
+        n_envs = layout.envs_per_device
+        obs, env_state = envs.reset_envs(env, env_params, reset_key, n_envs)
         return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,
-                           episode_stats=envs.init_episode_stats(layout.envs_per_device),
+                           episode_stats=envs.init_episode_stats(n_envs),
                            obs_stats=envs.init_obs_stats((env.obs_dim,)) if config.normalize_obs else None,
-                           reward_stats=(envs.init_reward_stats(layout.envs_per_device)
-                                         if not config.no_normalize_reward else None),
+                           reward_stats=None if config.no_normalize_reward else envs.init_reward_stats(n_envs),
                            skip_step=jnp.int32(0), depth_key=depth_key, key=run_key)
 
     def rollout(runner: RunnerState) -> Rollout:
@@ -415,8 +416,7 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
     returns = {}
     for depth in range(1, config.n_layers + 1):
         act = lambda p, obs, key, depth=depth: greedy_action(p, obs, dist, config, depth)  # noqa: E731
-        seeds = jax.vmap(lambda p, k: envs.evaluate(trainer.env, trainer.env_params, act, p, k,
-                                                    config.eval_episodes))
+        seeds = jax.vmap(lambda p, k: envs.evaluate(trainer.env, trainer.env_params, act, p, k, config.eval_episodes))
         fn = jax.jit(lambda policy, key: seeds(policy, sweep.eval_keys(key, config)))
         returns[str(depth)] = np.asarray(fn.lower(policy, key).compile(run.FAST_COMPILE)(policy, key))
     return {"eval_return_by_depth": {d: float(r.mean()) for d, r in returns.items()},

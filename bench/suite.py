@@ -44,10 +44,14 @@ TASKS = {
     "CartPoleNoVel-v1": (200_000, float("nan"), 475.0),  # no anchor: CartPole-v1 without its velocities
     "Pendulum-v1": (300_000, -130.0, -200.0),  # continuous actions; the anchors are gymnax's at 1M steps
     "MountainCarContinuous-v0": (300_000, 92.0, 90.0),
+    "Breakout-MinAtar": (10_000_000, 28.0, 28.0),  # image observations [10, 10, C]; gymnax's PPO at 10M steps
+    "SpaceInvaders-MinAtar": (10_000_000, 131.0, 131.0),
 }
 CONTINUOUS = ("Pendulum-v1", "MountainCarContinuous-v0")  # Box actions: no dqn_value rows
 MEMORY = ("MemoryChain-bsuite", "CartPoleNoVel-v1")  # tasks that need memory: skip_transformer's rows
 ONLY_MEMORY = ("CartPoleNoVel-v1",)  # and only its rows
+MINATAR = ("Breakout-MinAtar", "SpaceInvaders-MinAtar")  # rows: ppo_joint, awr and dqn_value only
+MINATAR_ROWS = ("ppo_joint", "awr", "dqn_value")
 SCRIPTS = {  # row name: script and flags
     "ppo_joint": ["ppo_joint"],
     "awr": ["awr"],
@@ -63,10 +67,10 @@ SCRIPTS = {  # row name: script and flags
 
 def cells_of(tasks: list[str], scripts: list[str]) -> list[tuple[str, str]]:
     """(task, row) pairs: skip_transformer on the tasks that need memory, the others on all but ONLY_MEMORY
-    (dqn_value on discrete actions only)."""
+    (dqn_value on discrete actions only; MinAtar: MINATAR_ROWS)."""
     return [(task, row) for task in tasks for row in scripts
             if (task in MEMORY if row == "skip_transformer" else task not in ONLY_MEMORY)
-            and not (row == "dqn_value" and task in CONTINUOUS)]
+            and not (row == "dqn_value" and task in CONTINUOUS) and (task not in MINATAR or row in MINATAR_ROWS)]
 
 
 def eval_every(script: str, budget: int) -> int:
@@ -75,8 +79,8 @@ def eval_every(script: str, budget: int) -> int:
     return max(1, budget // (10 * config.num_envs * config.num_steps))
 
 
-def run_cell(task: str, row: str, seeds: int, scratch: Path, timeout: float) -> dict:
-    budget = TASKS[task][0]
+def run_cell(task: str, row: str, seeds: int, scratch: Path, timeout: float, budget: int = 0) -> dict:
+    budget = budget or TASKS[task][0]
     script, *flags = SCRIPTS[row]
     out = scratch / f"{task}-{row.replace(' ', '_')}"
     cmd = [sys.executable, f"algos/{script}.py", *flags, "--env", task, "--total-steps", str(budget),
@@ -120,10 +124,12 @@ def matrix(cells: dict) -> list[str]:
             entries = []
             for t in tasks:
                 c = cells.get(f"{t} | {row}")
-                text = "" if c is None else "error" if "error" in c else f"{c['mean']:.3g} / {c['worst']:.3g}"
+                text = "" if c is None else "error" if "error" in c else f"{c['mean']:.3g} / {c['worst']:.3g}" + (
+                    f" at {c['env_steps'] / 1e6:g}M" if c["env_steps"] < TASKS[t][0] else "")  # short of the budget
                 entries.append(f"**{text}**" if c is not None and met(c, TASKS[t][2]) else text)
             lines.append(f"| {row} | " + " | ".join(entries) + " |")
-    return lines + ["", "Each entry: mean / worst of the seeds' greedy returns; bold: every seed at or above the goal."]
+    return lines + ["", "Each entry: mean / worst of the seeds' greedy returns (at N M: after N million steps, short "
+                        "of the task's budget); bold: every seed at or above the goal."]
 
 
 def report(cells: dict) -> str:
@@ -174,6 +180,8 @@ def main() -> None:
     p.add_argument("--scripts", default=",".join(SCRIPTS), help="row names, comma-separated (see SCRIPTS)")
     p.add_argument("--seeds", type=int, default=8)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
+    p.add_argument("--budget", type=int, default=0, help="env steps per cell in place of the task's (0: the "
+                   "task's); the cell records the steps it ran")
     p.add_argument("--report", action="store_true", help="only rewrite bench/SUITE.md and the PNGs")
     args = p.parse_args()
     tasks, scripts = args.tasks.split(","), args.scripts.split(",")
@@ -185,7 +193,7 @@ def main() -> None:
     if not args.report:
         with tempfile.TemporaryDirectory(prefix="jtrax-suite-") as tmp:
             for task, row in cells_of(tasks, scripts):
-                cell = run_cell(task, row, args.seeds, Path(tmp), args.timeout)
+                cell = run_cell(task, row, args.seeds, Path(tmp), args.timeout, args.budget)
                 cells[f"{task} | {row}"] = cell
                 CELLS.write_text(json.dumps(cells, indent=1, sort_keys=True))
                 print(f"{task:<20} {row:<30} " + (cell.get("error") or f"mean {cell['mean']:.3g} worst "

@@ -40,7 +40,7 @@ def save(directory: Path, state, epoch: int, keep: int = cli.RunConfig.keep_chec
     tmp = directory / f".tmp_{epoch:06d}.npz"
     try:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
+            np.savez_compressed(fh, **arrays)  # a replay of sparse image observations shrinks ~10x
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

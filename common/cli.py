@@ -32,7 +32,7 @@ class RunConfig:
     SWITCHES = ()  # float flags whose 0 switches a term off: a constant of the programs at 0, else an input
     STATIC_FLOATS = ()  # float flags that are always constants of the programs (a change compiles them anew)
     # flags added after runs were written, with the value such a run had in effect: `load_config` fills them in
-    LEGACY = {"no_normalize_reward": True}
+    LEGACY = {"no_normalize_reward": True, "torso": "mlp"}
 
     env: str = "CartPole-v1"
     """gymnax environment id, or package.module:name of your own (a gymnax Environment class, or a function
@@ -45,6 +45,9 @@ class RunConfig:
     """devices to split the environments over (0: all local devices)"""
     total_steps: int = 500_000
     """environment steps to train for (per seed)"""
+    torso: typing.Literal["auto", "mlp", "conv"] = "auto"
+    """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers (image
+    observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for images, else mlp"""
     eval_every: int = 50
     """greedy evaluation every this many epochs (0: only at the end)"""
     eval_episodes: int = 32

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import jax
 
-from common import checkpoints, cli, sweep
+from common import checkpoints, cli, nets, sweep
 
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "changes.jsonl", "checkpoints")  # a run's own
 
@@ -191,7 +191,9 @@ class Logger:
         """The run's first line: what trains, on what (`n_devices`: every host's), and where it writes."""
         config, hosts, runs = self.config, jax.process_count(), sweep.n_runs(self.config)
         where = f"{n_devices} {jax.default_backend()} device(s)" + (f" of {hosts} processes" if hosts > 1 else "")
-        print(f"training {script} on {config.env}: {trainer.num_epochs} epochs of "
+        shape = getattr(trainer.env, "raw_obs_shape", None) or trainer.env.observation_space(trainer.env_params).shape
+        print(f"training {script} on {config.env} ({'conv' if nets.uses_conv(config.torso, shape) else 'mlp'} torso "
+              f"for observations {list(shape)}): {trainer.num_epochs} epochs of "
               f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
               + (f" x {runs // config.num_seeds} sweep members" if config.sweep else "") + f" on {where}; "
               f"compiled in {compile_time:.1f} s; " + (f"writing {self.run_dir}" if self.is_chief

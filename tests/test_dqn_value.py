@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from algos import dqn_value
-from algos.dqn_value import (Batch, Config, Replay, Transition, bootstrap_value, dqn_loss, epsilon_schedule,
+from algos.dqn_value import (Batch, Config, Transition, bootstrap_value, dqn_loss, epsilon_schedule, init_replay,
                              make_trainer, n_step_return, replay_push, sample_batch, td_loss)
 from common import checkpoints, devices, envs, run
 
@@ -245,15 +245,19 @@ def logical_series(n_epochs, seed=0):
 
 
 def test_ring_buffer_keeps_the_last_epochs_and_samples_them():
-    capacity = EPOCHS_KEPT * T
-    series = logical_series(7)
-    replay = Replay(data=jax.tree.map(lambda x: jnp.zeros((capacity,) + x.shape[1:], x.dtype), series),
-                    position=jnp.int32(0), filled=jnp.int32(0))
+    """The compact replay (each observation once, final observations of truncations in a small ring) samples
+    the batches a plain one would, every row holding its s_{t+1}: those of the logical series."""
+    capacity, n_epochs = EPOCHS_KEPT * T, 7
+    series = logical_series(n_epochs + 1)  # the last epoch's first observations follow the last rollout
+    truncated = series.done & ~series.terminated
+    # the most truncations any `capacity` rows of an environment hold: a ring of that many slots, no more
+    n_final = max(truncated[t:t + capacity].sum(0).max() for t in range(n_epochs * T - capacity + 1))
+    replay = init_replay(capacity, n_final, jnp.asarray(series.obs[0]))
     push, sample = jax.jit(replay_push), jax.jit(sample_batch, static_argnums=(2, 3, 4))
-    head_windows = 0
-    for epoch in range(7):
+    head_windows = truncations = 0
+    for epoch in range(n_epochs):
         rollout = jax.tree.map(lambda x: x[epoch * T:(epoch + 1) * T], series)
-        replay = push(replay, rollout)
+        replay = push(replay, rollout, series.obs[(epoch + 1) * T])
         newest = (epoch + 1) * T - 1
         kept = range(max(0, newest + 1 - capacity), newest + 1)  # times held: the last EPOCHS_KEPT epochs
         # every time t sits at row t % capacity, with its own index
@@ -281,10 +285,12 @@ def test_ring_buffer_keeps_the_last_epochs_and_samples_them():
             want[:, i] = g, 0.0 if series.terminated[t, b0[i]] else weight, series.final_obs[t, b0[i], 0]
         np.testing.assert_allclose(batch.returns, want[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(batch.discount, want[1])
-        np.testing.assert_array_equal(batch.boot_obs[:, 0], want[2])  # t + 1, or t + 0.5 for a final obs
+        boots = want[1] > 0  # a terminated window's s' is left out of its target (the discount is 0)
+        np.testing.assert_array_equal(batch.boot_obs[boots, 0], want[2][boots])  # t + 1, or t + 0.5 for a final obs
         np.testing.assert_array_equal(batch.boot_obs[:, 1], b0)
+        truncations += np.sum(boots & (want[2] % 1 == 0.5))
         head_windows += np.sum((t0 == newest - 1) & ~series.done[newest - 1, b0])
-    assert head_windows > 0  # windows cut by the newest step were drawn
+    assert head_windows > 0 and truncations > 0  # windows cut by the newest step and by time limits were drawn
 
 
 # ----------------------------------------------------------------------------
@@ -325,14 +331,16 @@ def test_epoch_metrics_replay_collection_and_target_sync():
         assert not np.array_equal(new.obs, before.replay.data.obs[0, :, pos:pos + 8])
         keep = [r for r in range(24) if not pos <= r < pos + 8]
         np.testing.assert_array_equal(now.replay.data.obs[:, :, keep], before.replay.data.obs[:, :, keep])
-        # final_obs: the following row's observation, unless the episode ended: then the observation
-        # before the reset (past the pole or cart limits if terminated, within them if truncated)
-        going, done = ~new.done[:, :-1], new.done[:, :-1]
-        np.testing.assert_array_equal(new.final_obs[:, :-1][going], new.obs[:, 1:][going])
-        assert np.all(np.any(new.final_obs[:, :-1][done] != new.obs[:, 1:][done], axis=-1))
-        fallen = (np.abs(new.final_obs[..., 2]) > 0.2094) | (np.abs(new.final_obs[..., 0]) > 2.4)
-        np.testing.assert_array_equal(fallen, new.terminated)
-        ends += new.terminated.sum(), (new.done & ~new.terminated).sum()
+        # a truncated step's final observation (within the pole and cart limits) is in its slot, and
+        # differs from the next row's (the reset's); other steps have none
+        truncated = new.done & ~new.terminated
+        np.testing.assert_array_equal(new.final_slot >= 0, truncated)
+        slots = new.final_slot[truncated]
+        final = now.replay.final[0][np.nonzero(truncated)[0], slots, np.nonzero(truncated)[2]]
+        assert np.all((np.abs(final[:, 2]) <= 0.2094) & (np.abs(final[:, 0]) <= 2.4))
+        following = np.concatenate([new.obs[:, 1:], now.replay.next_obs[0][:, None]], 1)
+        assert np.all(np.any(final != following[truncated], axis=-1))
+        ends += new.terminated.sum(), truncated.sum()
 
         # COLLECT: epsilon 1 gives uniformly random actions; epsilon 0 the current network's argmax
         if epoch == 1:

@@ -276,6 +276,16 @@ def test_a_run_written_before_no_normalize_reward_resumes_as_it_ran(tmp_path, sc
     assert cli.load_config(module.Config, tmp_path).no_normalize_reward is True
 
 
+def test_a_run_written_before_the_conv_torso_resumes_with_its_mlp(tmp_path):
+    """Its config.json lacks --torso: it flattened image observations into the MLP, and resumes so."""
+    from algos import dqn_value
+    from common import cli
+
+    saved = {k: v for k, v in dataclasses.asdict(dqn_value.Config(env="Breakout-MinAtar")).items() if k != "torso"}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert cli.load_config(dqn_value.Config, tmp_path).torso == "mlp"
+
+
 # 8. Bad values refused before anything compiles
 @pytest.mark.parametrize("args, message", [
     (["--lr", "inf"], "--lr inf: use a finite number"),
@@ -314,6 +324,8 @@ def test_bad_values_are_refused_by_the_config(script, overrides, message):
                                           "128 steps = 4096 transitions per device; use at most 4096"),
     ("skip_transformer", dict(context_len=600), "--context-len 600 is longer than an episode of CartPoleNoVel-v1 "
                                                 "(500 steps); use at most 500"),
+    ("dqn_value", dict(torso="conv"), "--torso conv needs image observations [H, W, C] with H, W >= 3; these are "
+                                      "[4]: use --torso mlp"),
 ])
 def test_sizes_that_do_not_fit_the_data_are_refused(script, overrides, message):
     import importlib
