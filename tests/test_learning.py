@@ -29,6 +29,8 @@ OTHER_TASKS = [  # script, its flags, task, budget, what every seed must reach
     ("awr", dict(q_value=True, n_samples=4), "Pendulum-v1", 300_000, -200.0),
     ("actor_critic", {}, "Catch-bsuite", 100_000, 0.99),  # a2c's --policy-lr 7e-3: at 2.5e-3, 0.44 to 1
     ("skip_transformer", {}, "MemoryChain-bsuite", 150_000, 0.99),  # --context-len 8 sees the cue (4: about 0)
+    # image observations through the conv torso (--torso auto); a uniformly random policy scores 0.2-0.7
+    ("ppo_joint", {}, "Breakout-MinAtar", 100_000, 3.0),
 ]
 
 
