@@ -125,7 +125,7 @@ def matrix(cells: dict) -> list[str]:
             for t in tasks:
                 c = cells.get(f"{t} | {row}")
                 text = "" if c is None else "error" if "error" in c else f"{c['mean']:.3g} / {c['worst']:.3g}" + (
-                    f" at {c['env_steps'] / 1e6:g}M" if c["env_steps"] < TASKS[t][0] else "")  # short of the budget
+                    f" at {c['env_steps'] / 1e6:.2g}M" if c["env_steps"] < 0.9 * TASKS[t][0] else "")
                 entries.append(f"**{text}**" if c is not None and met(c, TASKS[t][2]) else text)
             lines.append(f"| {row} | " + " | ".join(entries) + " |")
     return lines + ["", "Each entry: mean / worst of the seeds' greedy returns (at N M: after N million steps, short "
