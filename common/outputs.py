@@ -191,7 +191,8 @@ class Logger:
         """The run's first line: what trains, on what (`n_devices`: every host's), and where it writes."""
         config, hosts, runs = self.config, jax.process_count(), sweep.n_runs(self.config)
         where = f"{n_devices} {jax.default_backend()} device(s)" + (f" of {hosts} processes" if hosts > 1 else "")
-        shape = getattr(trainer.env, "raw_obs_shape", None) or trainer.env.observation_space(trainer.env_params).shape
+        env = trainer.env  # a context window (skip_transformer) names the shape of one observation
+        shape = env.raw_obs_shape if hasattr(env, "raw_obs_shape") else env.observation_space(trainer.env_params).shape
         print(f"training {script} on {config.env} ({'conv' if nets.uses_conv(config.torso, shape) else 'mlp'} torso "
               f"for observations {list(shape)}): {trainer.num_epochs} epochs of "
               f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
