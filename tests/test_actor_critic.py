@@ -23,6 +23,7 @@ from algos import actor_critic
 from algos.actor_critic import Batch, Config, make_trainer, policy_loss, value_loss
 from common import devices, nets, run
 from common.distributions import make_distribution
+from helpers import host
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,10 +54,6 @@ def compiled(**overrides):
     init = devices.map_init(trainer.init).lower(keys)
     epoch = devices.map_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
     return config, trainer, init.compile(run.FAST_COMPILE), epoch.compile(run.FAST_COMPILE)
-
-
-def host(tree):
-    return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
 # ----------------------------------------------------------------------------

@@ -12,14 +12,9 @@ import pytest
 from gymnax.environments import spaces
 
 from common.distributions import Categorical, DiagonalGaussian, make_distribution
+from helpers import np_log_softmax
 
 N_MC = 200_000  # Monte-Carlo samples; tolerances below are ~5 standard errors
-
-
-def np_log_softmax(logits):
-    logits = np.asarray(logits, np.float64)
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
 def np_gaussian_log_prob(x, mean, log_std):

@@ -25,6 +25,7 @@ from algos import dqn_value
 from algos.dqn_value import (Batch, Config, Transition, bootstrap_value, dqn_loss, epsilon_schedule, init_replay,
                              make_trainer, n_step_return, replay_push, sample_batch, td_loss)
 from common import checkpoints, devices, envs, run
+from helpers import host
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,10 +68,6 @@ class Compiled:
 @functools.lru_cache(maxsize=None)
 def compiled(**overrides) -> Compiled:
     return Compiled(tiny(**overrides))
-
-
-def host(tree):
-    return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
 # ----------------------------------------------------------------------------

@@ -1,6 +1,5 @@
 """common/metrics.py: figures of a batch split over 2 forced CPU devices equal those of one device
 holding the whole batch."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

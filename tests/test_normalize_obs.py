@@ -18,11 +18,8 @@ import pytest
 from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
 from common import checkpoints, cli, devices, envs, run
+from helpers import host
 
-
-
-def host(tree):
-    return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
 # ----------------------------------------------------------------------------

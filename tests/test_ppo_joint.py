@@ -1,17 +1,10 @@
-"""algos/ppo_joint.py: GAE, the PPO loss, the compiled epoch, seeding, devices,
-checkpoints, resume, divergence and bad input.
+"""algos/ppo_joint.py: GAE, the PPO loss, the compiled epoch, seeding, devices and bad input.
 
-Sizes are tiny (CartPole-v1, 4 envs x 32 steps) so that each test takes a few
-seconds once its program is compiled; programs are shared through module-level
-caches and the session's persistent compilation cache (tests/conftest.py).
+Sizes are tiny (CartPole-v1, 4 envs x 32 steps, `helpers.tiny`) so that each test takes a few
+seconds once its program is compiled; compiled trainers are shared through `helpers.compiled`.
+The checkpoint tests are in test_checkpoints.py, resume and divergence in test_run.py.
 """
-import dataclasses
 import functools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import chex
 import jax
@@ -23,52 +16,9 @@ from gymnax.environments import spaces
 
 from algos import ppo_joint
 from algos.ppo_joint import Batch, Config, gae, make_trainer, ppo_loss
-from common import checkpoints, cli, devices, run
+from common import devices
 from common.distributions import make_distribution
-
-
-# 4 envs x 32 steps: random CartPole episodes (about 20 steps) finish inside one epoch.
-TINY = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, total_steps=4 * 32 * 20)
-NUM_SEEDS = 2
-
-
-def tiny(**overrides) -> Config:
-    return Config(**{**TINY, "n_devices": 1, **overrides})
-
-
-def run_keys(seed: int, num_seeds: int = NUM_SEEDS, n_devices: int = 1):
-    """The init keys `train()` builds for `--seed seed`."""
-    _, _, rng = devices.init_host_and_devices(n_devices, seed)
-    init_key, _ = jax.random.split(rng)
-    return devices.seed_keys(init_key, num_seeds, n_devices)
-
-
-class Compiled:
-    """A trainer with its init and epoch compiled by `map_epoch`; `traces` counts epoch traces."""
-
-    def __init__(self, config: Config):
-        self.config = config
-        self.trainer = make_trainer(config)
-        init = devices.map_init(self.trainer.init)  # as train() does: on one device
-        # then spread over the devices as the epoch's pmap returns it (else its next call retraces)
-        spread = jax.pmap(lambda state: state, axis_name=devices.DEVICE_AXIS)
-        self.init = init if config.n_devices == 1 else lambda keys: spread(init(keys))
-        self.traces = 0
-
-        def epoch(state):
-            self.traces += 1
-            return self.trainer.epoch(state)
-
-        self.epoch = devices.map_epoch(epoch, config.n_devices)
-
-
-@functools.lru_cache(maxsize=None)
-def compiled(**overrides) -> Compiled:
-    return Compiled(tiny(**overrides))
-
-
-def host(tree):
-    return jax.tree.map(np.asarray, jax.device_get(tree))
+from helpers import NUM_SEEDS, TINY, compiled, host, run_keys, tiny
 
 
 def assert_trees_differ(a, b):
@@ -410,197 +360,6 @@ def test_two_device_epoch_keeps_devices_in_sync():
     assert np.all(metrics["episode/count"] > 0)
 
 
-# ----------------------------------------------------------------------------
-# Checkpoints
-# ----------------------------------------------------------------------------
-@pytest.fixture
-def init_state():
-    c = compiled()
-    return c, c.init(run_keys(0))
-
-
-def test_checkpoint_round_trip(tmp_path, init_state):
-    c, state = init_state
-    template = jax.eval_shape(c.init, run_keys(0))
-    path = checkpoints.save(tmp_path, state, 3)
-    assert path == tmp_path / "epoch_000003.npz"
-    loaded, epoch = checkpoints.load(path, template)
-    assert epoch == 3
-    assert jax.tree.structure(loaded) == jax.tree.structure(state)
-    chex.assert_trees_all_equal(loaded, host(state))
-    chex.assert_trees_all_equal_shapes_and_dtypes(loaded, host(state))
-    # the newest `keep` stay; nothing temporary is left behind
-    checkpoints.save(tmp_path, state, 5, keep=2)
-    checkpoints.save(tmp_path, state, 6, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000005.npz", "epoch_000006.npz"]
-    checkpoints.save(tmp_path, state, 7, keep=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000007.npz"]
-    assert checkpoints.latest(tmp_path) == tmp_path / "epoch_000007.npz"
-    with np.load(tmp_path / "epoch_000007.npz", allow_pickle=False) as data:  # plain arrays, no pickle
-        assert json.loads(bytes(data["meta"]).decode())["epoch"] == 7
-
-
-def test_checkpoint_mismatched_template(tmp_path, init_state):
-    c, state = init_state
-    path = checkpoints.save(tmp_path, state, 1)
-    wider = make_trainer(tiny(hidden=(64, 32)))
-    template = jax.eval_shape(devices.map_init(wider.init), run_keys(0))
-    with pytest.raises(ValueError, match=r"leaf \d+ is .* expects") as info:
-        checkpoints.load(path, template)
-    assert str(path) in str(info.value) and "--out-dir" in str(info.value)
-    other = make_trainer(tiny(env="Pendulum-v1"))
-    template = jax.eval_shape(devices.map_init(other.init), run_keys(0))
-    with pytest.raises(ValueError, match="different state structure"):
-        checkpoints.load(path, template)
-
-
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
-def test_corrupt_checkpoint_raises(tmp_path, init_state, damage):
-    c, state = init_state
-    path = checkpoints.save(tmp_path, state, 1)
-    data = path.read_bytes()
-    path.write_bytes({"garbage": b"not a checkpoint" * 100, "truncated": data[: len(data) // 2],
-                      "empty": b""}[damage])
-    with pytest.raises(ValueError, match="corrupt") as info:
-        checkpoints.load(path, jax.eval_shape(c.init, run_keys(0)))
-    assert str(path) in str(info.value)
-
-
-def test_checkpoint_write_is_atomic(tmp_path, init_state, monkeypatch):
-    c, state = init_state
-    good = checkpoints.save(tmp_path, state, 1)
-
-    def fail(fd):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(checkpoints.os, "fsync", fail)  # the write dies before the rename
-    with pytest.raises(OSError):
-        checkpoints.save(tmp_path, state, 2)
-    monkeypatch.undo()
-    assert not (tmp_path / "epoch_000002.npz").exists()
-    assert not list(tmp_path.glob(".tmp_*"))  # no half-written file left behind
-    assert checkpoints.latest(tmp_path) == good
-    loaded, epoch = checkpoints.load(good, jax.eval_shape(c.init, run_keys(0)))
-    assert epoch == 1
-    chex.assert_trees_all_equal(loaded, host(state))
-
-
-# ----------------------------------------------------------------------------
-# train(): resume, divergence, bad input
-# ----------------------------------------------------------------------------
-RUN = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, total_steps=4 * 16 * 6, num_seeds=2,
-           eval_every=3, eval_episodes=2, checkpoint_every=50, no_compile_cache=True, seed=3)
-
-
-def run_config(out_dir, **overrides) -> Config:
-    return Config(**{**RUN, "out_dir": str(out_dir), **overrides})
-
-
-def final_arrays(run_dir: Path) -> dict:
-    path = checkpoints.latest(run_dir / "checkpoints")
-    with np.load(path, allow_pickle=False) as data:
-        return path.name, {k: data[k] for k in data.files}
-
-
-def metric_lines(run_dir: Path) -> list:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.mark.parametrize("n_devices", [1, pytest.param(0, marks=pytest.mark.slow)])
-def test_resume_gives_the_uninterrupted_run(tmp_path, n_devices, capsys):
-    """n_devices 0 means every local device: two here."""
-    whole = run.train(run_config(tmp_path / "whole", n_devices=n_devices), make_trainer).summary
-    assert whole["epoch"] == 6
-    part = run.train(run_config(tmp_path / "part", n_devices=n_devices), make_trainer, max_epochs=2).summary
-    assert part["epoch"] == 2
-    assert checkpoints.latest(tmp_path / "part" / "checkpoints").name == "epoch_000002.npz"
-    resumed = run.train(run_config(tmp_path / "part", n_devices=n_devices, resume=str(tmp_path / "part")),
-                        make_trainer).summary
-    assert "resumed" in capsys.readouterr().out
-    assert resumed["epoch"] == 6
-    name_whole, arrays_whole = final_arrays(tmp_path / "whole")
-    name_part, arrays_part = final_arrays(tmp_path / "part")
-    assert name_whole == name_part == "epoch_000006.npz"
-    assert arrays_whole.keys() == arrays_part.keys()
-    for key in arrays_whole:
-        np.testing.assert_array_equal(arrays_whole[key], arrays_part[key], err_msg=key)
-    # the metrics file holds each epoch once, with the same numbers as the uninterrupted run
-    lines_whole, lines_part = metric_lines(tmp_path / "whole"), metric_lines(tmp_path / "part")
-    assert [r["epoch"] for r in lines_part] == [r["epoch"] for r in lines_whole] == [1, 2, 3, 4, 5, 6]
-    for a, b in zip(lines_whole, lines_part):
-        assert {k: v for k, v in a.items() if k != "sps"} == {k: v for k, v in b.items() if k != "sps"}
-    assert resumed["eval_return"] == whole["eval_return"]
-
-
-def test_divergence_stops_with_last_good_checkpoint(tmp_path):
-    run_dir = tmp_path / "run"
-    run.train(run_config(run_dir, n_devices=1, checkpoint_every=1), make_trainer, max_epochs=2)
-    good = run_dir / "checkpoints" / "epoch_000002.npz"
-    assert checkpoints.latest(run_dir / "checkpoints") == good
-    # an absurd learning rate from here on: the first Adam step throws the parameters to ~1e30
-    absurd = run_config(run_dir, n_devices=1, checkpoint_every=1, lr=1e30, resume=str(run_dir))
-    with pytest.raises(SystemExit) as info:
-        run.train(absurd, make_trainer)
-    message = str(info.value.code)
-    assert "loss/joint" in message and "epoch 3" in message and "diverged" in message
-    assert f"Last good checkpoint: {good}" in message
-    assert checkpoints.latest(run_dir / "checkpoints") == good  # the diverged state was not saved
-    template = jax.eval_shape(devices.map_init(make_trainer(absurd).init),
-                              run_keys(3))
-    state, epoch = checkpoints.load(good, template)
-    assert epoch == 2
-    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state.params))
-    # from scratch, divergence in the first epoch: there is no checkpoint to point to
-    with pytest.raises(SystemExit, match="No checkpoint was saved: start a new run with a lower learning rate"):
-        run.train(run_config(tmp_path / "fresh", n_devices=1, lr=1e30), make_trainer)
-
-
-def test_divergence_of_one_seed_stops_the_run(tmp_path):
-    config = run_config(tmp_path / "run", n_devices=1, checkpoint_every=1)
-    doomed = run_keys(config.seed, num_seeds=2)[0, 0]  # the first seed's key, as train() derives it
-
-    def make_poisoned_trainer(config):
-        trainer = make_trainer(config)
-
-        def init(key):  # NaN parameters for the first seed only
-            state = trainer.init(key)
-            poison = jnp.where(jnp.all(key == doomed), jnp.nan, 1.0)
-            return state._replace(params=jax.tree.map(lambda p: p * poison, state.params))
-
-        return trainer._replace(init=init)
-
-    state = devices.map_init(make_poisoned_trainer(config).init)(run_keys(config.seed, 2))
-    w = np.asarray(state.params["torso"][0]["w"])
-    assert np.isnan(w[0, 0]).all() and np.isfinite(w[0, 1]).all()  # the poison hits exactly one seed
-    with pytest.raises(SystemExit, match="diverged"):
-        run.train(config, make_poisoned_trainer)
-
-
-TWO_BY_TWO = """
-import sys
-sys.path.insert(0, {root!r})
-from algos import ppo_joint
-from common import run
-config = ppo_joint.Config(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, num_seeds=2, n_devices=2,
-                          total_steps=128, eval_episodes=2, no_compile_cache=True, out_dir={out!r})
-print("epochs", run.train(config, ppo_joint.make_trainer).summary["epoch"])
-"""
-
-
-def test_two_devices_two_seeds(tmp_path):
-    """`--num-seeds 2` on 2 devices trains.
-
-    In a subprocess with a timeout, because the failure this guards against is a
-    hang: jaxlib 0.10's batched QR (of `jax.nn.initializers.orthogonal` over several
-    seeds) deadlocks XLA's 2-thread pool on a 2-core host; `nets.orthogonal` avoids it.
-    """
-    code = TWO_BY_TWO.format(root=str(Path(__file__).resolve().parents[1]), out=str(tmp_path / "run"))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=90)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "epochs 2" in out.stdout
-
-
 @pytest.mark.parametrize("overrides, match", [
     (dict(num_steps=8, num_minibatches=3), r"--num-minibatches 3 .* 4 envs x 8 steps = 32"),
     (dict(num_envs=4, num_steps=3, num_minibatches=4, n_devices=2), r"--num-minibatches 4 .*per-device .* = 6"),
@@ -633,28 +392,6 @@ def test_bad_input_rejected_by_make_trainer(overrides, match):
 def test_bad_input_rejected_by_config(overrides, match):
     with pytest.raises(ValueError, match=match):
         Config(**{**TINY, **overrides})
-
-
-def test_bad_input_fails_before_anything_is_written(tmp_path):
-    with pytest.raises(ValueError, match="--num-minibatches 3"):
-        run.train(run_config(tmp_path / "a", n_devices=1, num_minibatches=3), make_trainer)
-    with pytest.raises(ValueError, match="--n-devices 3"):
-        run.train(run_config(tmp_path / "b", n_devices=3), make_trainer)
-    assert not any(tmp_path.iterdir())
-
-
-def test_resume_without_checkpoint_exits(tmp_path):
-    (tmp_path / "run").mkdir()
-    with pytest.raises(cli.ConfigError, match="no checkpoint"):
-        run.train(run_config(tmp_path / "run", n_devices=1, resume=str(tmp_path / "run")), make_trainer)
-
-
-def test_resume_with_other_flags_exits_with_the_fix(tmp_path, init_state):
-    c, state = init_state  # hidden (64, 64), 2 seeds: not what the run below builds
-    run_dir = tmp_path / "run"
-    checkpoints.save(run_dir / "checkpoints", state, 1)
-    with pytest.raises(cli.ConfigError, match="--out-dir"):
-        run.train(run_config(run_dir, n_devices=1, hidden=(16,), resume=str(run_dir)), make_trainer)
 
 
 def test_make_trainer_defaults_to_every_local_device():

@@ -22,6 +22,7 @@ from algos import reinforce
 from algos.reinforce import Batch, Config, make_trainer, reinforce_loss
 from common import devices, envs, run
 from common.distributions import make_distribution
+from helpers import host
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,10 +49,6 @@ def compiled(**overrides):
     init = devices.map_init(trainer.init).lower(keys)
     epoch = devices.map_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
     return config, init.compile(run.FAST_COMPILE), epoch.compile(run.FAST_COMPILE)
-
-
-def host(tree):
-    return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
 def test_loss_matches_numpy():

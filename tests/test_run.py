@@ -1,15 +1,22 @@
 """common/cli.py, run.py, loop.py, outputs.py: the CLI from a config dataclass, epochs in chunks, the metrics
-logger and wandb failures, metrics.jsonl on --resume, load_agent, the one-line errors of main."""
+logger and wandb failures, metrics.jsonl on --resume, load_agent, the one-line errors of main; train() on
+the tiny ppo_joint run: resume equal to the uninterrupted run, divergence, input refused before any write."""
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Literal
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from common import checkpoints, cli, devices, envs, loop, outputs, run
+from helpers import Config, initial_state, make_trainer, run_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,3 +223,141 @@ def test_target_return_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_
     assert summary["epoch"] == 4 and summary["target_return"] == {"return": 1e6, "reached": False}
     with pytest.raises(cli.ConfigError, match="--eval-every 1 or more"):
         dataclasses.replace(config, eval_every=0)
+
+
+# ----------------------------------------------------------------------------
+# train() on the tiny ppo_joint run: resume, divergence, bad input
+# ----------------------------------------------------------------------------
+RUN = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, total_steps=4 * 16 * 6, num_seeds=2,
+           eval_every=3, eval_episodes=2, checkpoint_every=50, no_compile_cache=True, seed=3)
+
+
+def run_config(out_dir, **overrides) -> Config:
+    return Config(**{**RUN, "out_dir": str(out_dir), **overrides})
+
+
+def final_arrays(run_dir: Path) -> dict:
+    path = checkpoints.latest(run_dir / "checkpoints")
+    with np.load(path, allow_pickle=False) as data:
+        return path.name, {k: data[k] for k in data.files}
+
+
+def metric_lines(run_dir: Path) -> list:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("n_devices", [1, pytest.param(0, marks=pytest.mark.slow)])
+def test_resume_gives_the_uninterrupted_run(tmp_path, n_devices, capsys):
+    """n_devices 0 means every local device: two here."""
+    whole = run.train(run_config(tmp_path / "whole", n_devices=n_devices), make_trainer).summary
+    assert whole["epoch"] == 6
+    part = run.train(run_config(tmp_path / "part", n_devices=n_devices), make_trainer, max_epochs=2).summary
+    assert part["epoch"] == 2
+    assert checkpoints.latest(tmp_path / "part" / "checkpoints").name == "epoch_000002.npz"
+    resumed = run.train(run_config(tmp_path / "part", n_devices=n_devices, resume=str(tmp_path / "part")),
+                        make_trainer).summary
+    assert "resumed" in capsys.readouterr().out
+    assert resumed["epoch"] == 6
+    name_whole, arrays_whole = final_arrays(tmp_path / "whole")
+    name_part, arrays_part = final_arrays(tmp_path / "part")
+    assert name_whole == name_part == "epoch_000006.npz"
+    assert arrays_whole.keys() == arrays_part.keys()
+    for key in arrays_whole:
+        np.testing.assert_array_equal(arrays_whole[key], arrays_part[key], err_msg=key)
+    # the metrics file holds each epoch once, with the same numbers as the uninterrupted run
+    lines_whole, lines_part = metric_lines(tmp_path / "whole"), metric_lines(tmp_path / "part")
+    assert [r["epoch"] for r in lines_part] == [r["epoch"] for r in lines_whole] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(lines_whole, lines_part):
+        assert {k: v for k, v in a.items() if k != "sps"} == {k: v for k, v in b.items() if k != "sps"}
+    assert resumed["eval_return"] == whole["eval_return"]
+
+
+def test_divergence_stops_with_last_good_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    run.train(run_config(run_dir, n_devices=1, checkpoint_every=1), make_trainer, max_epochs=2)
+    good = run_dir / "checkpoints" / "epoch_000002.npz"
+    assert checkpoints.latest(run_dir / "checkpoints") == good
+    # an absurd learning rate from here on: the first Adam step throws the parameters to ~1e30
+    absurd = run_config(run_dir, n_devices=1, checkpoint_every=1, lr=1e30, resume=str(run_dir))
+    with pytest.raises(SystemExit) as info:
+        run.train(absurd, make_trainer)
+    message = str(info.value.code)
+    assert "loss/joint" in message and "epoch 3" in message and "diverged" in message
+    assert f"Last good checkpoint: {good}" in message
+    assert checkpoints.latest(run_dir / "checkpoints") == good  # the diverged state was not saved
+    template = jax.eval_shape(devices.map_init(make_trainer(absurd).init),
+                              run_keys(3))
+    state, epoch = checkpoints.load(good, template)
+    assert epoch == 2
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state.params))
+    # from scratch, divergence in the first epoch: there is no checkpoint to point to
+    with pytest.raises(SystemExit, match="No checkpoint was saved: start a new run with a lower learning rate"):
+        run.train(run_config(tmp_path / "fresh", n_devices=1, lr=1e30), make_trainer)
+
+
+def test_divergence_of_one_seed_stops_the_run(tmp_path):
+    config = run_config(tmp_path / "run", n_devices=1, checkpoint_every=1)
+    doomed = run_keys(config.seed, num_seeds=2)[0, 0]  # the first seed's key, as train() derives it
+
+    def make_poisoned_trainer(config):
+        trainer = make_trainer(config)
+
+        def init(key):  # NaN parameters for the first seed only
+            state = trainer.init(key)
+            poison = jnp.where(jnp.all(key == doomed), jnp.nan, 1.0)
+            return state._replace(params=jax.tree.map(lambda p: p * poison, state.params))
+
+        return trainer._replace(init=init)
+
+    state = devices.map_init(make_poisoned_trainer(config).init)(run_keys(config.seed, 2))
+    w = np.asarray(state.params["torso"][0]["w"])
+    assert np.isnan(w[0, 0]).all() and np.isfinite(w[0, 1]).all()  # the poison hits exactly one seed
+    with pytest.raises(SystemExit, match="diverged"):
+        run.train(config, make_poisoned_trainer)
+
+
+TWO_BY_TWO = """
+import sys
+sys.path.insert(0, {root!r})
+from algos import ppo_joint
+from common import run
+config = ppo_joint.Config(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, num_seeds=2, n_devices=2,
+                          total_steps=128, eval_episodes=2, no_compile_cache=True, out_dir={out!r})
+print("epochs", run.train(config, ppo_joint.make_trainer).summary["epoch"])
+"""
+
+
+def test_two_devices_two_seeds(tmp_path):
+    """`--num-seeds 2` on 2 devices trains.
+
+    In a subprocess with a timeout, because the failure this guards against is a
+    hang: jaxlib 0.10's batched QR (of `jax.nn.initializers.orthogonal` over several
+    seeds) deadlocks XLA's 2-thread pool on a 2-core host; `nets.orthogonal` avoids it.
+    """
+    code = TWO_BY_TWO.format(root=str(Path(__file__).resolve().parents[1]), out=str(tmp_path / "run"))
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "epochs 2" in out.stdout
+
+
+def test_bad_input_fails_before_anything_is_written(tmp_path):
+    with pytest.raises(ValueError, match="--num-minibatches 3"):
+        run.train(run_config(tmp_path / "a", n_devices=1, num_minibatches=3), make_trainer)
+    with pytest.raises(ValueError, match="--n-devices 3"):
+        run.train(run_config(tmp_path / "b", n_devices=3), make_trainer)
+    assert not any(tmp_path.iterdir())
+
+
+def test_resume_without_checkpoint_exits(tmp_path):
+    (tmp_path / "run").mkdir()
+    with pytest.raises(cli.ConfigError, match="no checkpoint"):
+        run.train(run_config(tmp_path / "run", n_devices=1, resume=str(tmp_path / "run")), make_trainer)
+
+
+def test_resume_with_other_flags_exits_with_the_fix(tmp_path):
+    c, state = initial_state()  # hidden (64, 64), 2 seeds: not what the run below builds
+    run_dir = tmp_path / "run"
+    checkpoints.save(run_dir / "checkpoints", state, 1)
+    with pytest.raises(cli.ConfigError, match="--out-dir"):
+        run.train(run_config(run_dir, n_devices=1, hidden=(16,), resume=str(run_dir)), make_trainer)

@@ -24,6 +24,7 @@ from algos import skip_transformer as st
 from algos.skip_transformer import Batch, Config, make_trainer
 from common import checkpoints, cli, devices, run, skipping
 from common.distributions import make_distribution
+from helpers import host, np_gae
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,10 +42,6 @@ def run_keys(seed: int, num_seeds: int = NUM_SEEDS, n_devices: int = 1):
     """The init keys `train()` builds for `--seed seed`."""
     _, _, rng = devices.init_host_and_devices(n_devices, seed)
     return devices.seed_keys(jax.random.split(rng)[0], num_seeds, n_devices)
-
-
-def host(tree):
-    return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
 def count_primitive(jaxpr, name: str) -> int:
@@ -121,23 +118,13 @@ def test_eval_depth_and_train_depth_run_the_first_blocks():
 # ----------------------------------------------------------------------------
 # Pure math: GAE and the PPO loss against NumPy
 # ----------------------------------------------------------------------------
-def np_gae(rewards, values, next_values, terminated, done, gamma, lam):
-    T, B = rewards.shape
-    adv, running = np.zeros((T, B)), np.zeros(B)
-    for t in reversed(range(T)):
-        delta = rewards[t] + gamma * np.where(terminated[t], 0.0, next_values[t]) - values[t]
-        running = delta + gamma * lam * np.where(done[t], 0.0, running)
-        adv[t] = running
-    return adv
-
-
 def test_gae_matches_numpy_loop():
     rng = np.random.default_rng(0)
     rewards, values, next_values = (rng.normal(size=(20, 3)).astype(np.float32) for _ in range(3))
     terminated, truncated = rng.random((20, 3)) < 0.15, rng.random((20, 3)) < 0.15
     done = terminated | truncated
     adv, targets = jax.jit(st.gae, static_argnums=(5, 6))(rewards, values, next_values, terminated, done, 0.9, 0.8)
-    np.testing.assert_allclose(adv, np_gae(rewards, values, next_values, terminated, done, 0.9, 0.8), rtol=1e-5,
+    np.testing.assert_allclose(adv, np_gae(rewards, values, next_values, terminated, done, 0.9, 0.8)[0], rtol=1e-5,
                                atol=1e-5)
     np.testing.assert_allclose(targets, np.asarray(adv) + values, rtol=1e-6)
 

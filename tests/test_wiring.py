@@ -26,19 +26,11 @@ from gymnax.environments.classic_control.cartpole import EnvState
 from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
 from common import devices, envs, run
+from helpers import first, host, np_gae, np_log_softmax
 
 
 TIME_LIMIT = 12  # random CartPole episodes last 8 to ~40 steps: some terminate, most are truncated
 WARMUP_EPOCHS = 2  # epochs run before the one checked: the observation statistics have moved
-
-
-def host(tree):
-    return jax.tree.map(np.asarray, jax.device_get(tree))
-
-
-def first(tree):
-    """Device 0, seed 0 of a `[n_devices, num_seeds, ...]` tree, on the host."""
-    return jax.tree.map(lambda x: np.asarray(x)[0, 0], jax.device_get(tree))
 
 
 class Compiled:
@@ -107,16 +99,6 @@ def check_cartpole_rollout(env, env_params, time, obs, action, reward, done, ter
     assert np.all(np.abs(obs[1:][done[:-1]]) <= 0.05)
     assert (truncated & ~terminated).any() and terminated.any(), "the rollout needs both kinds of end"
     return terminated, truncated
-
-
-def np_gae(rewards, values, next_values, terminated, dones, gamma, lam):
-    """A_t = r_t + gamma (1 - terminated_t) V(s'_t) - V(s_t) + gamma lam (1 - done_t) A_{t+1}: a plain loop."""
-    advantages, next_advantage = np.zeros_like(rewards, np.float64), np.zeros(rewards.shape[1])
-    for t in reversed(range(len(rewards))):
-        delta = rewards[t] + gamma * (1 - terminated[t]) * next_values[t] - values[t]
-        next_advantage = delta + gamma * lam * (1 - dones[t]) * next_advantage
-        advantages[t] = next_advantage
-    return advantages, advantages + values
 
 
 def np_reward_scale(reward_stats, after, rewards, dones, gamma):
@@ -399,11 +381,6 @@ def np_td_lambda(rewards, next_values, terminated, dones, gamma, lam):
         next_return = rewards[t] + discount * ((1 - lam_t) * next_values[t] + lam_t * next_return)
         returns[t] = next_return
     return returns
-
-
-def np_log_softmax(x):
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def np_aggregate(q, mu, how, temperature, scale):

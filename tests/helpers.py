@@ -1,0 +1,94 @@
+"""What several test files share: moving results to the host and the NumPy references they check against.
+
+Each reference is a plain loop in float64, written independently of the code under test. The tiny
+ppo_joint trainer is the one run that the tests of common/ (checkpoints, train) drive.
+"""
+import functools
+
+import jax
+import numpy as np
+
+from algos.ppo_joint import Config, make_trainer
+from common import devices
+
+
+def host(tree):
+    """A pytree of device arrays as NumPy arrays on the host."""
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def first(tree):
+    """Device 0, seed 0 of a `[n_devices, num_seeds, ...]` tree, on the host."""
+    return jax.tree.map(lambda x: np.asarray(x)[0, 0], jax.device_get(tree))
+
+
+def np_gae(rewards, values, next_values, terminated, dones, gamma, lam):
+    """GAE over time-major `[T, B]` arrays, as a plain loop: returns `(advantages, targets)`.
+
+    A_t = r_t + gamma (1 - terminated_t) V(s'_t) - V(s_t) + gamma lam (1 - done_t) A_{t+1}, and the
+    value targets are A_t + V(s_t). A truncated step (done, not terminated) bootstraps from V(s'_t)
+    but stops the trace; a terminated one does neither.
+    """
+    advantages, next_advantage = np.zeros_like(rewards, np.float64), np.zeros(rewards.shape[1])
+    for t in reversed(range(len(rewards))):
+        delta = rewards[t] + gamma * (1 - terminated[t]) * next_values[t] - values[t]
+        next_advantage = delta + gamma * lam * (1 - dones[t]) * next_advantage
+        advantages[t] = next_advantage
+    return advantages, advantages + values
+
+
+def np_log_softmax(logits):
+    """log softmax over the last axis, in float64."""
+    logits = np.asarray(logits, np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+# ----------------------------------------------------------------------------
+# A tiny ppo_joint trainer, compiled once per test process
+# ----------------------------------------------------------------------------
+# 4 envs x 32 steps: random CartPole episodes (about 20 steps) finish inside one epoch.
+TINY = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, total_steps=4 * 32 * 20)
+NUM_SEEDS = 2
+
+
+def tiny(**overrides) -> Config:
+    return Config(**{**TINY, "n_devices": 1, **overrides})
+
+
+def run_keys(seed: int, num_seeds: int = NUM_SEEDS, n_devices: int = 1):
+    """The init keys `train()` builds for `--seed seed`."""
+    _, _, rng = devices.init_host_and_devices(n_devices, seed)
+    init_key, _ = jax.random.split(rng)
+    return devices.seed_keys(init_key, num_seeds, n_devices)
+
+
+class Compiled:
+    """A trainer with its init and epoch compiled by `map_epoch`; `traces` counts epoch traces."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.trainer = make_trainer(config)
+        init = devices.map_init(self.trainer.init)  # as train() does: on one device
+        # then spread over the devices as the epoch's pmap returns it (else its next call retraces)
+        spread = jax.pmap(lambda state: state, axis_name=devices.DEVICE_AXIS)
+        self.init = init if config.n_devices == 1 else lambda keys: spread(init(keys))
+        self.traces = 0
+
+        def epoch(state):
+            self.traces += 1
+            return self.trainer.epoch(state)
+
+        self.epoch = devices.map_epoch(epoch, config.n_devices)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(**overrides) -> Compiled:
+    return Compiled(tiny(**overrides))
+
+
+@functools.lru_cache(maxsize=None)
+def initial_state():
+    """The tiny trainer (2 seeds, one device) and its state after init from `run_keys(0)`."""
+    c = compiled()
+    return c, c.init(run_keys(0))

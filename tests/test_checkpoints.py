@@ -1,0 +1,83 @@
+"""common/checkpoints.py: a round trip, the newest `keep` kept, a mismatched or corrupt file named with
+its fix, and a write that dies leaving the last good checkpoint. The state is the tiny ppo_joint
+trainer's (`helpers.initial_state`)."""
+import json
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from common import checkpoints, devices
+from helpers import host, initial_state, make_trainer, run_keys, tiny
+
+
+@pytest.fixture
+def init_state():
+    return initial_state()
+
+
+def test_checkpoint_round_trip(tmp_path, init_state):
+    c, state = init_state
+    template = jax.eval_shape(c.init, run_keys(0))
+    path = checkpoints.save(tmp_path, state, 3)
+    assert path == tmp_path / "epoch_000003.npz"
+    loaded, epoch = checkpoints.load(path, template)
+    assert epoch == 3
+    assert jax.tree.structure(loaded) == jax.tree.structure(state)
+    chex.assert_trees_all_equal(loaded, host(state))
+    chex.assert_trees_all_equal_shapes_and_dtypes(loaded, host(state))
+    # the newest `keep` stay; nothing temporary is left behind
+    checkpoints.save(tmp_path, state, 5, keep=2)
+    checkpoints.save(tmp_path, state, 6, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000005.npz", "epoch_000006.npz"]
+    checkpoints.save(tmp_path, state, 7, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000007.npz"]
+    assert checkpoints.latest(tmp_path) == tmp_path / "epoch_000007.npz"
+    with np.load(tmp_path / "epoch_000007.npz", allow_pickle=False) as data:  # plain arrays, no pickle
+        assert json.loads(bytes(data["meta"]).decode())["epoch"] == 7
+
+
+def test_checkpoint_mismatched_template(tmp_path, init_state):
+    c, state = init_state
+    path = checkpoints.save(tmp_path, state, 1)
+    wider = make_trainer(tiny(hidden=(64, 32)))
+    template = jax.eval_shape(devices.map_init(wider.init), run_keys(0))
+    with pytest.raises(ValueError, match=r"leaf \d+ is .* expects") as info:
+        checkpoints.load(path, template)
+    assert str(path) in str(info.value) and "--out-dir" in str(info.value)
+    other = make_trainer(tiny(env="Pendulum-v1"))
+    template = jax.eval_shape(devices.map_init(other.init), run_keys(0))
+    with pytest.raises(ValueError, match="different state structure"):
+        checkpoints.load(path, template)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
+def test_corrupt_checkpoint_raises(tmp_path, init_state, damage):
+    c, state = init_state
+    path = checkpoints.save(tmp_path, state, 1)
+    data = path.read_bytes()
+    path.write_bytes({"garbage": b"not a checkpoint" * 100, "truncated": data[: len(data) // 2],
+                      "empty": b""}[damage])
+    with pytest.raises(ValueError, match="corrupt") as info:
+        checkpoints.load(path, jax.eval_shape(c.init, run_keys(0)))
+    assert str(path) in str(info.value)
+
+
+def test_checkpoint_write_is_atomic(tmp_path, init_state, monkeypatch):
+    c, state = init_state
+    good = checkpoints.save(tmp_path, state, 1)
+
+    def fail(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoints.os, "fsync", fail)  # the write dies before the rename
+    with pytest.raises(OSError):
+        checkpoints.save(tmp_path, state, 2)
+    monkeypatch.undo()
+    assert not (tmp_path / "epoch_000002.npz").exists()
+    assert not list(tmp_path.glob(".tmp_*"))  # no half-written file left behind
+    assert checkpoints.latest(tmp_path) == good
+    loaded, epoch = checkpoints.load(good, jax.eval_shape(c.init, run_keys(0)))
+    assert epoch == 1
+    chex.assert_trees_all_equal(loaded, host(state))
