@@ -64,7 +64,8 @@ class RunConfig:
     resume: str = ""
     """run directory to continue from its last checkpoint, with its config.json; empty: a new run"""
     overwrite: bool = False
-    """start a new run in an --out-dir that holds one, deleting its checkpoints, metrics and summary"""
+    """start a new run in an --out-dir that holds one, deleting that run's files (config.json, metrics,
+    summary, changes, checkpoints/epoch_*.npz) and nothing else"""
     eval_only: bool = False
     """with --resume: only evaluate the saved agent"""
     track: bool = False

@@ -34,7 +34,26 @@ import jax
 
 from common import checkpoints, cli, nets, sweep
 
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "changes.jsonl", "checkpoints")  # a run's own
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "changes.jsonl")  # a run's own, beside checkpoints/
+CHECKPOINT_FILES = ("epoch_*.npz", ".tmp_*")  # what a run writes in checkpoints/ (and .tmp_* beside RUN_FILES)
+
+
+def is_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run: a config.json that a run wrote (a JSON object with a run's keys)."""
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and {"env", "seed", "out_dir"} <= saved.keys()
+
+
+def run_files(run_dir: Path) -> list[Path]:
+    """The files in `run_dir` with the names a run writes: all that `--overwrite` may delete."""
+    found = [run_dir / name for name in RUN_FILES if (run_dir / name).exists()]
+    found += sorted(run_dir.glob(".tmp_*"))
+    for pattern in CHECKPOINT_FILES:
+        found += sorted((run_dir / "checkpoints").glob(pattern))
+    return found
 
 
 def open_run_dir(run_dir: Path, config):
@@ -43,8 +62,11 @@ def open_run_dir(run_dir: Path, config):
     The lock (`flock` on `run.lock`, which names the holder's pid) lasts until
     the file is closed or the process ends, however it ends: a second run in the
     directory is refused while the first lives, and a dead one's lock file
-    blocks nothing. A new run refuses a directory that holds a run, unless
-    `--overwrite`, which deletes that run's files.
+    blocks nothing. A new run refuses a directory that holds a run (`is_run`),
+    unless `--overwrite`, which deletes that run's files (`run_files`) and
+    nothing else. A directory that is not a run but holds a file a run would
+    write (a metrics.jsonl of the user's) is refused, `--overwrite` or not: no
+    run deletes or replaces what it did not write.
     """
     flag = f"--resume {run_dir}" if config.resume else f"--out-dir {run_dir}"
     cli.require(not run_dir.exists() or run_dir.is_dir(),
@@ -67,15 +89,24 @@ def open_run_dir(run_dir: Path, config):
         lock.truncate(0)
         lock.write(f"{os.getpid()}\n")
         lock.flush()
-    held = [name for name in RUN_FILES if (run_dir / name).exists()]
-    if not config.resume and held and not config.overwrite:
+    found = run_files(run_dir)
+    names = ", ".join(str(path.relative_to(run_dir)) for path in found[:3]) + (", ..." if len(found) > 3 else "")
+    if config.resume:
+        deleted = [path for path in found if path.name.startswith(".tmp_")]  # writes cut short by a crash
+    elif not found:
+        deleted = []
+    elif not is_run(run_dir):
         lock.close()
-        raise cli.ConfigError(f"{flag} already holds a run ({', '.join(held)}); continue it with --resume "
-                              f"{run_dir}, give another --out-dir, or add --overwrite to delete it and start again")
-    for path in [] if config.resume else [run_dir / name for name in held]:  # --overwrite
+        raise cli.ConfigError(f"{flag} holds {names}, names a run writes, but is not a run (no run's "
+                              f"config.json): nothing there is replaced or deleted; give another --out-dir")
+    elif config.overwrite:
+        deleted = found
+    else:
+        lock.close()
+        raise cli.ConfigError(f"{flag} already holds a run ({names}); continue it with --resume {run_dir}, give "
+                              f"another --out-dir, or add --overwrite to delete that run's files and start again")
+    for path in deleted:
         _delete(path, flag)
-    for tmp in [*run_dir.glob(".tmp_*"), *run_dir.glob("checkpoints/.tmp_*")]:  # writes cut short by a crash
-        _delete(tmp, flag)
     return lock
 
 

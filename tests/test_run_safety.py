@@ -67,6 +67,58 @@ def test_a_new_run_refuses_a_directory_holding_a_run(cache, tmp_path):
     assert not (run_dir / "checkpoints" / "epoch_000099.npz").exists()
 
 
+def open_and_release(run_dir: Path, **flags):
+    """`outputs.open_run_dir` as a new run (or `flags`) would call it; the lock released at once."""
+    from common import cli, outputs
+
+    outputs.open_run_dir(run_dir, cli.RunConfig(out_dir=str(run_dir), **flags)).close()
+
+
+def test_overwrite_deletes_only_the_files_a_run_writes(tmp_path):
+    """A user's file in a run directory (even in checkpoints/) survives --overwrite; the run's files go."""
+    from common import cli, outputs
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps({"env": "CartPole-v1", "seed": 0, "out_dir": str(run_dir)}))
+    run_written = ["config.json", "metrics.jsonl", "summary.json", "changes.jsonl", ".tmp_config.json",
+                   "checkpoints/epoch_000001.npz", "checkpoints/.tmp_epoch_000002.npz"]
+    for name in run_written[1:]:
+        (run_dir / name).write_text("the run's")
+    mine = ["notes.txt", "checkpoints/model.pt", "checkpoints/epoch_best.pt"]
+    for name in mine:
+        (run_dir / name).write_text("mine")
+    with pytest.raises(cli.ConfigError, match="already holds a run .*--overwrite to delete that run's files"):
+        open_and_release(run_dir)
+    assert all((run_dir / name).exists() for name in run_written + mine)  # refused: nothing touched
+    open_and_release(run_dir, overwrite=True)
+    assert [name for name in run_written if (run_dir / name).exists()] == []
+    assert all((run_dir / name).read_text() == "mine" for name in mine)
+    assert outputs.run_files(run_dir) == []
+
+
+@pytest.mark.parametrize("config_json", [None, "not json", json.dumps({"lr": 0.1})])
+def test_a_directory_that_is_not_a_run_is_never_deleted(tmp_path, config_json):
+    """Without a run's config.json a directory is not a run: `--overwrite` deletes nothing there. A file with
+    a name a run writes is refused in one line; files with other names are left beside the new run's."""
+    from common import cli
+
+    theirs = tmp_path / "theirs"
+    (theirs / "checkpoints").mkdir(parents=True)
+    (theirs / "checkpoints" / "model.pt").write_text("x")  # the reported case: `--overwrite` removed it
+    open_and_release(theirs, overwrite=True)
+    open_and_release(theirs)
+    assert (theirs / "checkpoints" / "model.pt").read_text() == "x"
+    (theirs / "metrics.jsonl").write_text("mine")
+    if config_json is not None:
+        (theirs / "config.json").write_text(config_json)
+    for flags in ({}, {"overwrite": True}):
+        with pytest.raises(cli.ConfigError, match=r"holds .*metrics.jsonl, names a run writes, but is not a run"):
+            open_and_release(theirs, **flags)
+    assert (theirs / "metrics.jsonl").read_text() == "mine" and (theirs / "checkpoints" / "model.pt").exists()
+    assert config_json is None or (theirs / "config.json").read_text() == config_json
+
+
 # 2. Two runs in one directory
 HOLD = """
 import sys, time
