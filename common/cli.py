@@ -56,7 +56,7 @@ class RunConfig:
     """end the run at the first evaluation (--eval-every) where every seed's greedy return reaches this, with a
     checkpoint; the summary records its epoch, env steps and seconds (unset: train for --total-steps)"""
     checkpoint_every: int = 50
-    """save a checkpoint every this many epochs (and at the end, and on Ctrl-C)"""
+    """save a checkpoint every this many epochs (and at the end, and on Ctrl-C or SIGTERM)"""
     keep_checkpoints: int = 3
     """checkpoints kept, the newest (--resume falls back to an older one when the newest is unreadable)"""
     out_dir: str = ""

@@ -1,9 +1,10 @@
-"""The pieces of the epoch loop: epochs in chunks of one compiled call, their records, Ctrl-C between calls.
+"""The pieces of the epoch loop: epochs in chunks of one compiled call, their records, Ctrl-C and SIGTERM
+between calls.
 
 One compiled call runs up to 64 epochs (`epochs_per_call`, `chunk_epochs`),
 so that the per-call dispatch and metrics transfer do not set the pace of
 small epochs; `records` turns a call's metrics into one record per epoch for
-`metrics.jsonl`. `StopOnInterrupt` lets the running call finish on Ctrl-C.
+`metrics.jsonl`. `StopOnInterrupt` lets the running call finish on Ctrl-C or SIGTERM.
 """
 from __future__ import annotations
 
@@ -65,25 +66,32 @@ def records(metrics, n: int) -> list[dict]:
 
 
 class StopOnInterrupt:
-    """Ctrl-C finishes the running epoch, then stops with a checkpoint; a second Ctrl-C stops at once.
+    """Ctrl-C (SIGINT) or SIGTERM (what SLURM and Kubernetes send before they kill a job) finishes the running
+    epochs, then stops with a checkpoint; the same signal again stops at once, without saving.
 
-    (An epoch interrupted half-way would leave the donated runner state deleted.)
+    (Epochs interrupted half-way would leave the donated runner state deleted.) `exit_code` is the
+    shell's for the signal that stopped the run: 130 for SIGINT, 143 for SIGTERM.
     """
 
+    SIGNALS = {signal.SIGINT: ("Ctrl-C", 130), signal.SIGTERM: ("SIGTERM", 143)}
     requested = False
+    exit_code = 0
 
     def __enter__(self):
-        self.previous = None
+        self.previous = {}
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
         return self
 
-    def _handle(self, *_):
+    def _handle(self, signum, _frame):
+        name, code = self.SIGNALS[signum]
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\nstopping after this epoch (Ctrl-C again to abort without saving)", flush=True)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(code)
+        self.requested, self.exit_code = True, code
+        print(f"\nstopping after this epoch ({name} again to abort without saving)", flush=True)
 
     def __exit__(self, *_):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)

@@ -256,7 +256,7 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
 
     Each epoch's record is checked (a non-finite loss stops the run) and
     logged; a checkpoint is saved every --checkpoint-every epochs, at the end,
-    and where the run stops early. Ctrl-C stops after the running call, with a checkpoint.
+    and where the run stops early. Ctrl-C or SIGTERM stops after the running call, with a checkpoint.
     """
     config, trainer = setup.config, setup.trainer
     epoch, train_time, returns, record, reached = start_epoch, 0.0, None, {}, None
@@ -294,7 +294,7 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
             save_checkpoint(setup, state, epoch)
             if setup.host.is_chief:
                 print(f"interrupted: saved epoch {epoch}; continue with --resume {setup.run_dir}", flush=True)
-        raise SystemExit(130)
+        raise SystemExit(interrupt.exit_code or 130)
     if epoch > start_epoch and epoch < trainer.num_epochs:
         save_checkpoint(setup, state, epoch)
     return Progress(state=state, epoch=epoch, record=record, returns=returns, train_time=train_time, reached=reached)
