@@ -130,6 +130,9 @@ def sweep_members(config) -> list[dict]:
             axes[name] = [float(v) for v in text.split(",")]
         except ValueError:
             raise ConfigError(f"--sweep {item!r}: {text!r} holds a value that is not a number") from None
+        repeated = sorted({v for v in axes[name] if axes[name].count(v) > 1})
+        require(not repeated, f"--sweep {item!r}: {', '.join(f'{v:g}' for v in repeated)} given twice, which "
+                              f"would train identical members; give each value once")
     return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
@@ -260,6 +263,10 @@ def parse_config(cls, argv=None, description: str = ""):
             require(not fixed, f"--resume {args['resume']} continues that run with the flags of its config.json; "
                                f"it cannot change {', '.join(map(flag_name, fixed))}: start a new run for "
                                f"that. --resume takes the float flags and run flags: {', '.join(takes)}")
+            swept = [k for k in changed if any(k in member for member in sweep_members(saved))]
+            require(not swept, f"--resume {args['resume']}: {', '.join(map(flag_name, swept))} is swept in that "
+                               f"run (--sweep {' '.join(saved.sweep)}), each member at its own value; resume "
+                               f"without it, or start a new run to sweep other values")
             config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL}, **changed,
                                          out_dir=args["resume"])
         else:

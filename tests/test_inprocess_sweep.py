@@ -26,12 +26,31 @@ def test_members_are_the_grid_in_order():
     (["lr"], "use NAME=V1,V2,..., e.g. --sweep lr=1e-3,3e-4"),
     (["num_envs=4,8"], "num_envs is not a float flag of this script; sweep one of"),
     (["lr=1e-3", "lr=3e-4"], "lr is swept twice"),
+    (["lr=1e-3,1e-3"], "--sweep 'lr=1e-3,1e-3': 0.001 given twice, which would train identical members"),
+    (["lr=1e-3,0.001,3e-4"], "0.001 given twice"),
     (["lr=1e-3,-1"], "--lr -1.0"),  # each member's flags are checked as the flag itself would be
 ])
 def test_bad_sweeps_are_rejected_before_compiling(capsys, sweep, message):
     with pytest.raises(SystemExit):
         cli.parse_config(ppo_joint.Config, ["--sweep", *sweep])
     assert message in capsys.readouterr().err
+
+
+def test_resume_refuses_to_change_a_swept_flag_and_takes_the_others(tmp_path, capsys):
+    """A swept flag given on --resume would be recorded but not trained (each member keeps its value):
+    refused in one line. A float flag that is not swept applies to every member."""
+    import dataclasses
+    import json
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    saved = ppo_joint.Config(sweep=("lr=1e-3,3e-4",), out_dir=str(run_dir))
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(saved)))
+    with pytest.raises(SystemExit):
+        cli.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--lr", "5e-3"])
+    assert "--lr is swept in that run (--sweep lr=1e-3,3e-4)" in capsys.readouterr().err
+    config = cli.parse_config(ppo_joint.Config, ["--resume", str(run_dir), "--ent-coef", "0.02"])
+    assert config.ent_coef == 0.02 and cli.sweep_members(config) == [{"lr": 1e-3}, {"lr": 3e-4}]
 
 
 def final_params(out_dir, config):
