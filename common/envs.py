@@ -82,6 +82,7 @@ def load_custom(env_id: str):
     a function returning `(env, env_params)`; the module is looked up on the Python path and in the current
     directory. What does not fit gymnax's interface is a `cli.ConfigError` that says what is missing."""
     module_name, _, name = env_id.partition(":")
+    cli.require(bool(module_name and name), f"--env {env_id}: give package.module:name, e.g. --env corridor:Corridor")
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
@@ -89,25 +90,51 @@ def load_custom(env_id: str):
     except ImportError as error:
         raise cli.ConfigError(f"--env {env_id}: cannot import {module_name} ({error}); give package.module:name "
                               f"of a module on the Python path or in the current directory") from None
+    except Exception as error:  # the module's own code failed: a syntax error, an exception at import
+        raise cli.ConfigError(f"--env {env_id}: importing {module_name} raised {describe(error)}; fix the "
+                              f"module") from None
     cli.require(callable(target), f"--env {env_id}: {module_name} has no class or function {name!r}")
-    made = target()
+    try:
+        made = target()
+    except Exception as error:
+        raise cli.ConfigError(f"--env {env_id}: {name}() raised {describe(error)}; give a class that takes no "
+                              f"arguments, or a function of none returning (env, env_params)") from None
     env, env_params = made if isinstance(made, tuple) and len(made) == 2 else (made, getattr(made, "default_params",
                                                                                                None))
     missing = [m for m in ("reset", "step", "observation_space", "action_space") if not callable(getattr(env, m, None))]
-    missing += [] if hasattr(env_params, "max_steps_in_episode") else ["params.max_steps_in_episode"]
+    if not hasattr(env_params, "max_steps_in_episode"):
+        missing.append("params.max_steps_in_episode" + (" (params must be an object with that attribute, such "
+                                                        "as gymnax's EnvParams, not a dict)"
+                                                        if isinstance(env_params, dict) else ""))
     cli.require(not missing, f"--env {env_id}: {type(env).__name__} lacks {', '.join(missing)}; give a subclass of "
                              f"gymnax.environments.environment.Environment (with its EnvParams), or a function "
                              f"returning (env, env_params)")
+
     def reset_and_step(key):
         _, state = env.reset(key, env_params)
         return env.step(key, state, env.action_space(env_params).sample(key), env_params)
 
-    out = jax.eval_shape(reset_and_step, jax.ShapeDtypeStruct((2,), jnp.uint32))  # traced, not compiled
+    try:
+        out = jax.eval_shape(reset_and_step, jax.ShapeDtypeStruct((2,), jnp.uint32))  # traced, not compiled
+        declared = env.observation_space(env_params).shape
+    except Exception as error:
+        raise cli.ConfigError(f"--env {env_id}: reset and step of {type(env).__name__} fail when traced "
+                              f"({describe(error)}); gymnax's interface is reset_env(key, params) and "
+                              f"step_env(key, state, action, params), in JAX operations") from None
     fits = isinstance(out, tuple) and len(out) == 6 and isinstance(out[5], dict) and "final_observation" in out[5]
     cli.require(fits, f"--env {env_id}: its "
                 f"step must return (obs, state, reward, terminated, truncated, info with final_observation), as "
                 f"gymnax >= 1.0's Environment.step does: subclass it and write step_env and reset_env")
+    cli.require(tuple(out[0].shape) == tuple(declared),
+                f"--env {env_id}: step returns observations of shape {tuple(out[0].shape)}, but "
+                f"observation_space declares {tuple(declared)}; make them agree")
     return env, env_params
+
+
+def describe(error: Exception) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def reset_envs(env, env_params, key: jax.Array, n: int):

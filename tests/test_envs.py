@@ -6,6 +6,7 @@ import importlib
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import gymnax
@@ -140,3 +141,59 @@ def test_own_environment_from_the_readme_trains_and_a_misfit_is_one_line(tmp_pat
         out = ppo("--env", target)
         assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+MISFITS = '''
+
+class Sized(Corridor):
+    def __init__(self, size):
+        super().__init__()
+
+
+def failing():
+    raise ValueError("no data here")
+
+
+def dict_params():
+    return Corridor(), {"max_steps_in_episode": 20}
+
+
+class NoParams(Corridor):
+    def step_env(self, key, state, action):
+        return super().step_env(key, state, action, None)
+
+
+class WrongShape(Corridor):
+    def observation_space(self, params):
+        return spaces.Box(0.0, 1.0, (3,), jnp.float32)
+'''
+
+
+@pytest.mark.parametrize("name, source, message", [
+    ("Corridor", "raise RuntimeError('boom')", "importing {module} raised RuntimeError: boom; fix the module"),
+    ("Corridor", "def broken(:\n", "importing {module} raised SyntaxError"),
+    ("Sized", None, "Sized() raised TypeError"),
+    ("failing", None, "failing() raised ValueError: no data here; give a class that takes no arguments"),
+    ("dict_params", None, "lacks params.max_steps_in_episode (params must be an object with that attribute"),
+    ("NoParams", None, "reset and step of NoParams fail when traced (TypeError"),
+    ("WrongShape", None, "step returns observations of shape (5,), but observation_space declares (3,)"),
+])
+def test_a_custom_environment_that_does_not_fit_is_one_line(tmp_path, monkeypatch, name, source, message):
+    """Whatever a user's module does wrong (fails to import, needs arguments, raises, steps without params,
+    observes a shape other than its space's), `make_env` answers one line naming the fix, no traceback."""
+    readme = (ROOT / "README.md").read_text()
+    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[1].split("```", 1)[0]
+    module = f"misfit_{uuid.uuid4().hex[:8]}"  # a module name of its own: Python keeps imported modules
+    (tmp_path / f"{module}.py").write_text(corridor + MISFITS if source is None else source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(cli.ConfigError) as info:
+        envs.make_env(f"{module}:{name}")
+    text = str(info.value)
+    assert message.format(module=module) in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("env_id", [":Corridor", "corridor:", ":"])
+def test_a_custom_id_without_module_or_name_is_one_line(env_id):
+    with pytest.raises(cli.ConfigError, match="give package.module:name"):
+        envs.make_env(env_id)
