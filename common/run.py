@@ -127,10 +127,9 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
             done = finished(setup, start_epoch)
             if done is not None:
                 return Result(run_dir=setup.run_dir, summary=done)
-        start_outputs(setup, start_epoch)
-
         t0 = time.time()
-        programs = compile_programs(setup)
+        programs = compile_programs(setup)  # before anything is written: a program too large is refused
+        start_outputs(setup, start_epoch)
         state = state if state is not None else programs.init(setup.keys, setup.values)
         compile_time = time.time() - t0
         if config.eval_only:
@@ -165,27 +164,57 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
     trainer, keys, values = sweep.build(dataclasses.replace(config, n_devices=host.n_devices * hosts), make_trainer,
                                         host.n_devices, init_key)
     init = sweep.lower_init(trainer, keys, values, config, script, host.n_devices)  # traced once: its output shapes
-    check_memory(init.out_info, config, host.n_devices)
+    check_memory(init.out_info, config, host.n_devices, trainer, hosts)
     return Setup(config=config, script=script, run_dir=run_dir, host=host, hosts=hosts, trainer=trainer, keys=keys,
                  values=values, eval_key=eval_key, init=init, template=init.out_info)
 
 
-def check_memory(template, config, n_devices: int) -> None:
-    """Refuses a runner state larger than the memory that must hold it, naming the flags that size it."""
+def check_memory(template, config, n_devices: int, trainer: Trainer, hosts: int) -> None:
+    """Refuses a runner state, or an epoch's rollout, larger than the memory that must hold it, naming the
+    flags that size it."""
     leaves = jax.tree_util.tree_leaves_with_path(template)
     need = sum(x.size * np.dtype(x.dtype).itemsize for _, x in leaves)
-    limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", 0) * n_devices
-    have = limit or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # a CPU: the host's memory
-    if need <= have:
+    have = memory_here(n_devices) * n_devices
+    if need > have:
+        path, biggest = max(leaves, key=lambda leaf: leaf[1].size)
+        sizes = set(biggest.shape[2:])  # [n_devices, runs, ...]
+        values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in cli.RUN_CONTROL}
+        flags = [cli.flag_name(k) for k, v in values.items() if not isinstance(v, (bool, str, float))
+                 and set(v if isinstance(v, tuple) else (v,)) & sizes - {0, 1}]
+        sized_by = " and ".join(flags) or "the network and buffer flags"
+        raise cli.ConfigError(f"the runner state needs {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} "
+                              f"GiB of memory here; its largest array, {jax.tree_util.keystr(path)} "
+                              f"{tuple(biggest.shape)}, is sized by {sized_by}: make it smaller")
+    # An epoch holds its rollout at once: at least each transition's observation, next observation and a few
+    # scalars (action, reward, ends, value, log-probability, advantage, target), 4 bytes each.
+    obs_shape = getattr(trainer.env, "window_shape", None) or trainer.env.observation_space(trainer.env_params).shape
+    obs_size = math.prod(obs_shape)
+    transitions = trainer.steps_per_epoch * sweep.n_runs(config) // hosts
+    rollout = transitions * (2 * obs_size + 8) * 4
+    cli.require(need + rollout <= have,
+                f"an epoch's rollout needs at least {rollout / 2**30:,.1f} GiB ({transitions:,} transitions of "
+                f"--num-envs {config.num_envs} x --num-steps {config.num_steps} x {sweep.n_runs(config)} runs, "
+                f"observations of {obs_size:,} numbers), more than the {have / 2**30:,.1f} GiB of memory here: "
+                f"lower --num-envs or --num-steps")
+
+
+def memory_here(n_devices: int) -> int:
+    """Bytes one device may hold: an accelerator's limit, or on a CPU its share of the host's memory."""
+    limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", 0)
+    return limit or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // n_devices
+
+
+def check_program_memory(compiled, n_devices: int, what: str, fix: str) -> None:
+    """Refuses a compiled program that needs more memory than a device holds, before it runs (an
+    out-of-memory error in the middle of a run would lose the epochs since its last checkpoint)."""
+    stats = compiled.memory_analysis()
+    if stats is None:  # a backend that does not tell
         return
-    path, biggest = max(leaves, key=lambda leaf: leaf[1].size)
-    sizes = set(biggest.shape[2:])  # [n_devices, runs, ...]
-    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in cli.RUN_CONTROL}
-    flags = [cli.flag_name(k) for k, v in values.items() if not isinstance(v, (bool, str, float))
-             and set(v if isinstance(v, tuple) else (v,)) & sizes - {0, 1}]
-    raise cli.ConfigError(f"the runner state needs {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB "
-                          f"of memory here; its largest array, {jax.tree_util.keystr(path)} {tuple(biggest.shape)}, "
-                          f"is sized by {' and '.join(flags) or 'the network and buffer flags'}: make it smaller")
+    need = (stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
+            - stats.alias_size_in_bytes)
+    have = memory_here(n_devices)
+    cli.require(need <= have, f"{what} needs {need / 2**30:,.1f} GiB per device, more than the {have / 2**30:,.1f} "
+                              f"GiB here: {fix}")
 
 
 def finished(setup: Setup, epoch: int) -> dict | None:
@@ -236,8 +265,19 @@ def compile_programs(setup: Setup) -> Programs:
         epochs = None if config.eval_only else devices.map_epoch(
             loop.chunk_epochs(trainer.epoch, k), n_devices, n_shared=1, n_mapped=2)
         if epochs is not None and setup.hosts == 1:  # jax 0.10 cannot run a pmap over hosts compiled ahead
-            epochs = epochs.lower(setup.template, setup.values, 1).compile()  # of time: it compiles at its first call
+            try:  # of time: it compiles at its first call
+                lowered = epochs.lower(setup.template, setup.values, 1)
+            except OverflowError:  # a count past 32 bits, e.g. the learning-rate schedule's gradient steps
+                raise cli.ConfigError(f"--total-steps {config.total_steps:,} makes a count of this run (its "
+                                      f"gradient steps: epochs x gradient steps per epoch) larger than 32-bit "
+                                      f"integers hold (2,147,483,647): lower --total-steps or the gradient "
+                                      f"steps per epoch") from None
+            epochs = lowered.compile()
+            check_program_memory(epochs, n_devices, f"an epoch of {config.num_envs} environments x {config.num_steps} "
+                                 f"steps x {sweep.n_runs(config)} runs", "lower --num-envs or --num-steps")
         init, evaluate_runs = side.result()
+        check_program_memory(evaluate_runs, 1, f"the evaluation of --eval-episodes {config.eval_episodes} x "
+                             f"{sweep.n_runs(config)} runs", "lower --eval-episodes")
 
     def evaluate(state, epoch):
         return np.asarray(evaluate_runs(first_device(trainer, state), jax.random.fold_in(setup.eval_key, epoch)))

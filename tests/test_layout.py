@@ -1,4 +1,4 @@
-"""The shape every script keeps: records built by name, imports one way, files short enough to read."""
+"""The shape every script keeps: records built by name, imports one way."""
 import ast
 from pathlib import Path
 
@@ -47,15 +47,3 @@ def test_imports_go_one_way(path):
     """common/ never imports algos/; a script never imports another (each reads top to bottom on its own)."""
     algos = {name for name in imported_modules(path) if name == "algos" or name.startswith("algos.")}
     assert not algos, f"{path.relative_to(ROOT)} imports {sorted(algos)}"
-
-
-@pytest.mark.parametrize("path", sorted((ROOT / "algos").glob("*.py")), ids=lambda p: p.name)
-def test_a_script_reads_in_one_sitting(path):
-    lines = len(path.read_text().splitlines())
-    assert lines <= 450, f"{path.name} has {lines} lines: move what every script shares to common/"
-
-
-@pytest.mark.parametrize("path", sorted((ROOT / "common").glob("*.py")), ids=lambda p: p.name)
-def test_a_common_module_does_one_job(path):
-    lines = len(path.read_text().splitlines())
-    assert lines <= 380, f"common/{path.name} has {lines} lines: split it by job"

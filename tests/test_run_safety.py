@@ -119,6 +119,42 @@ def test_a_directory_that_is_not_a_run_is_never_deleted(tmp_path, config_json):
     assert config_json is None or (theirs / "config.json").read_text() == config_json
 
 
+def test_programs_larger_than_memory_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """A rollout beyond memory is refused before compiling; a compiled epoch or evaluation beyond it is refused
+    before it runs (an evaluation out of memory used to lose the epochs since the last checkpoint). Nothing is
+    written but the lock, so the same --out-dir takes the corrected command."""
+    from algos import ppo_joint
+    from common import cli, run
+
+    def refused(match, **flags):
+        config = ppo_joint.Config(**{**RUN, "out_dir": str(tmp_path / "run"), **flags})
+        with pytest.raises(cli.ConfigError, match=match):
+            run.train(config, ppo_joint.make_trainer)
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.lock"]
+
+    refused(r"the evaluation of --eval-episodes 1000000000 x 1 runs needs [\d,.]+ GiB per device, more than the "
+            r".* GiB here: lower --eval-episodes", eval_episodes=10**9)
+    monkeypatch.setattr(run, "memory_here", lambda n_devices: 2**24)  # 16 MiB a device
+    refused(r"an epoch of 4096 environments x 32 steps x 1 runs needs .* GiB per device, more than the 0.0 GiB "
+            r"here: lower --num-envs or --num-steps", num_envs=4096, num_steps=32, total_steps=4096 * 32)
+    monkeypatch.setattr(run, "memory_here", lambda n_devices: 2**26)
+    refused(r"an epoch's rollout needs at least .* GiB \(128,000,000 transitions of --num-envs 250000 x "
+            r"--num-steps 512 x 1 runs, observations of 4 numbers\).*: lower --num-envs or --num-steps",
+            num_envs=250_000, num_steps=512, total_steps=128 * 10**6)
+
+
+def test_a_gradient_step_count_past_32_bits_is_one_line(tmp_path):
+    from algos import ppo_joint
+    from common import cli, run
+
+    config = ppo_joint.Config(**{**RUN, "out_dir": str(tmp_path / "run"), "total_steps": 2**31 - 1, "num_envs": 1,
+                                 "num_steps": 1, "num_minibatches": 1, "update_epochs": 100})
+    with pytest.raises(cli.ConfigError, match=r"--total-steps 2,147,483,647 makes a count of this run .* larger "
+                                              r"than 32-bit integers hold .*: lower --total-steps"):
+        run.train(config, ppo_joint.make_trainer)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.lock"]
+
+
 # 2. Two runs in one directory
 HOLD = """
 import sys, time
