@@ -218,10 +218,15 @@ class _Concatenate(_Once):
         super().__call__(parser, namespace, tuple(x for value in values for x in value), option_string)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose error is the one line that matters (not the usage block of every flag before it)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
+
+
 def build_parser(cls, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = _Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.given = {}  # field -> the flag that set it, as parsed
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -301,8 +306,12 @@ def load_config(cls, run_dir: Path):
     for name, value in saved.items():
         require(_fits(hints[name], value), f"--resume {run_dir}: {path} sets {name} to {json.dumps(value)}, "
                                            f"not {_describe(hints[name])}; repair it or start a new run")
-    return cls(**{k: tuple(v) if isinstance(v, list) else float(v) if hints[k] is float else v
-                  for k, v in saved.items()})
+    try:
+        return cls(**{k: tuple(v) if isinstance(v, list) else float(v) if hints[k] is float else v
+                      for k, v in saved.items()})
+    except ConfigError as error:  # a value the file holds, not one given on this command line
+        raise ConfigError(f"--resume {run_dir}: {path} holds a value this script refuses ({error}); repair the "
+                          f"file or start a new run") from None
 
 
 def _fits(kind, value) -> bool:

@@ -59,7 +59,9 @@ def test_bad_flags_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.parse_config(Toy, argv)
     assert exit_info.value.code == 2
-    assert "error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error:" in err and "--help lists every flag" in err
+    assert len(err.strip().splitlines()) == 1, err  # the message alone, not a usage block of every flag before it
 
 
 def test_resume_takes_the_saved_config_and_run_flags_from_the_command_line(tmp_path, capsys):

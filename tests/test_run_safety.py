@@ -336,6 +336,7 @@ def test_bad_places_and_sizes_are_messages(cache, tmp_path, args, message):
     ({"hidden": [64, "x"]}, 'config.json sets hidden to [64, "x"], not a list of int'),
     ({"advantage": "td"}, 'config.json sets advantage to "td", not one of "gae", "monte-carlo"'),
     ({"lr": "delete"}, "config.json lacks lr; add them (this script's defaults: lr: 0.0025)"),
+    ({"gamma": 5}, "config.json holds a value this script refuses (--gamma 5.0: use a value in [0, 1]); repair"),
 ])
 def test_a_damaged_config_json_is_named_on_resume(tmp_path, capsys, damage, message):
     from algos import ppo_joint
