@@ -343,6 +343,12 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
 def check_losses(setup: Setup, record: dict, epoch: int) -> None:
     """Any non-finite loss term stops the run (a NaN value loss reaches the policy loss only epochs later)."""
     diverged = [f"{k} is {v}" for k, v in record.items() if k.startswith("loss/") and not math.isfinite(v)]
+    episode_return = record.get("episode/return", 0.0)
+    if diverged and record.get("episode/count", 0) > 0 and not math.isfinite(episode_return):
+        # the episodes' returns sum the environment's raw rewards: no learning rate makes them non-finite
+        raise SystemExit(f"error: {', '.join(diverged)} at epoch {epoch}, and so is the return of the episodes "
+                         f"that ended (episode/return is {episode_return}): --env {setup.config.env} returned a "
+                         f"non-finite reward. Fix the environment; a lower --lr would not help")
     if diverged:
         raise divergence(setup, f"{', '.join(diverged)} at epoch {epoch}: training diverged.")
 

@@ -197,3 +197,30 @@ def test_a_custom_environment_that_does_not_fit_is_one_line(tmp_path, monkeypatc
 def test_a_custom_id_without_module_or_name_is_one_line(env_id):
     with pytest.raises(cli.ConfigError, match="give package.module:name"):
         envs.make_env(env_id)
+
+
+def test_a_non_finite_reward_is_blamed_on_the_environment_not_the_learning_rate(tmp_path, monkeypatch):
+    """An environment whose reward is NaN makes the losses NaN: the run says so, not "lower --lr"."""
+    from algos import ppo_joint
+    from common import run
+
+    readme = (ROOT / "README.md").read_text()
+    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[1].split("```", 1)[0]
+    module = f"nan_reward_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(corridor + '''
+
+class NanReward(Corridor):
+    def step_env(self, key, state, action, params):
+        obs, state, reward, done, info = super().step_env(key, state, action, params)
+        return obs, state, jnp.where(state.time == 3, jnp.nan, reward), done | (state.time >= 5), info
+''')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = ppo_joint.Config(env=f"{module}:NanReward", num_envs=4, num_steps=16, num_minibatches=2,
+                              update_epochs=1, total_steps=4 * 16 * 2, eval_every=0, eval_episodes=2, n_devices=1,
+                              no_compile_cache=True, out_dir=str(tmp_path / "run"))
+    with pytest.raises(SystemExit) as info:
+        run.train(config, ppo_joint.make_trainer)
+    message = str(info.value.code)
+    assert "episode/return is nan" in message and f"--env {module}:NanReward returned a non-finite reward" in message
+    assert "a lower --lr would not help" in message and "\n" not in message
