@@ -89,6 +89,12 @@ def load(path: Path, template):
         raise cli.ConfigError(f"checkpoint {path} holds a different state structure than this script builds: it "
                               f"was written by an older layout of this script's state (or with other flags, or by "
                               f"another script); start a new run (another --out-dir), or use the commit that wrote it")
+    saved_rows, want_rows = {got.shape[0] for got in leaves}, {w.shape[0] for w in want}  # [devices, ...] each
+    if (len(saved_rows) == 1 and len(want_rows) == 1 and saved_rows != want_rows
+            and all(tuple(w.shape[1:]) == got.shape[1:] for w, got in zip(want, leaves))):
+        [saved], [wanted] = saved_rows, want_rows
+        raise cli.ConfigError(f"checkpoint {path} holds the state of {saved} device(s) and this run has {wanted}: "
+                              f"resume with --n-devices {saved} (the devices hold the environments and seeds)")
     for i, (w, got) in enumerate(zip(want, leaves)):
         if tuple(w.shape) != got.shape or np.dtype(w.dtype) != got.dtype:
             raise cli.ConfigError(f"checkpoint {path}: leaf {i} is {got.shape} {got.dtype}, this run expects "
@@ -125,6 +131,9 @@ def resume(run_dir: Path, template, hosts: int):
     The checkpoint holds every host's devices: `hosts` times the rows of `template`.
     """
     whole = jax.tree.map(lambda s: jax.ShapeDtypeStruct((hosts * s.shape[0],) + s.shape[1:], s.dtype), template)
+    cli.require(latest(run_dir / "checkpoints") is not None,
+                f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}, the run stopped before its first; "
+                f"start it again with its flags and --out-dir {run_dir} --overwrite")
     try:
         state, epoch = load_newest(run_dir / "checkpoints", whole)
     except cli.ConfigError as error:

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from common import checkpoints, devices
+from common import checkpoints, cli, devices
 from helpers import host, initial_state, make_trainer, run_keys, tiny
 
 
@@ -81,3 +81,13 @@ def test_checkpoint_write_is_atomic(tmp_path, init_state, monkeypatch):
     loaded, epoch = checkpoints.load(good, jax.eval_shape(c.init, run_keys(0)))
     assert epoch == 1
     chex.assert_trees_all_equal(loaded, host(state))
+
+
+def test_a_checkpoint_of_other_devices_names_the_device_flag(tmp_path, init_state):
+    """A one-device run resumed where two devices are the default: the message says --n-devices 1."""
+    c, state = init_state
+    path = checkpoints.save(tmp_path, state, 1)
+    two = jax.tree.map(lambda x: jax.ShapeDtypeStruct((2,) + x.shape[1:], x.dtype), jax.eval_shape(c.init, run_keys(0)))
+    with pytest.raises(cli.ConfigError, match=r"holds the state of 1 device\(s\) and this run has 2: resume with "
+                                              r"--n-devices 1"):
+        checkpoints.load(path, two)

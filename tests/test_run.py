@@ -353,7 +353,8 @@ def test_bad_input_fails_before_anything_is_written(tmp_path):
 
 def test_resume_without_checkpoint_exits(tmp_path):
     (tmp_path / "run").mkdir()
-    with pytest.raises(cli.ConfigError, match="no checkpoint"):
+    with pytest.raises(cli.ConfigError, match="no checkpoint in .*, the run stopped before its first; start it again "
+                                              "with its flags and --out-dir .* --overwrite"):
         run.train(run_config(tmp_path / "run", n_devices=1, resume=str(tmp_path / "run")), make_trainer)
 
 
