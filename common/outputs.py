@@ -148,10 +148,21 @@ def write_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def strict(value):
+    """`value` with every NaN or infinity replaced by None (null): JSON that a strict parser reads."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
 def write_json(path: Path, value, run_dir: Path) -> None:
-    """`value` as indented JSON in `path`, atomically, through `writing`."""
+    """`value` as indented strict JSON (NaN as null) in `path`, atomically, through `writing`."""
     with writing(path, run_dir):
-        write_atomic(path, json.dumps(value, indent=2) + "\n")
+        write_atomic(path, json.dumps(strict(value), indent=2, allow_nan=False) + "\n")
 
 
 def trim_metrics(path: Path, epoch: int) -> None:
@@ -234,10 +245,8 @@ class Logger:
     def log(self, record: dict, force_print: bool = False) -> None:
         if not self.is_chief:
             return
-        finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
-        clean = {k: [finite(x) for x in v] if isinstance(v, list) else finite(v) for k, v in record.items()}
         with writing(self.path, self.run_dir), open(self.path, "a") as fh:
-            fh.write(json.dumps(clean) + "\n")
+            fh.write(json.dumps(strict(record), allow_nan=False) + "\n")
         if self.wandb is not None:
             try:
                 self.wandb.log({k: v for k, v in record.items() if not isinstance(v, list)}, step=record["env_steps"])

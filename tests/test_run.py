@@ -364,3 +364,26 @@ def test_resume_with_other_flags_exits_with_the_fix(tmp_path):
     checkpoints.save(run_dir / "checkpoints", state, 1)
     with pytest.raises(cli.ConfigError, match="--out-dir"):
         run.train(run_config(run_dir, n_devices=1, hidden=(16,), resume=str(run_dir)), make_trainer)
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN and Infinity, as a strict parser (JavaScript's JSON.parse) does."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_every_file_a_run_writes_is_strict_json(tmp_path):
+    """A NaN (no episode ended in the last epoch) or an infinity is written as null, in summary.json as in
+    metrics.jsonl."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    outputs.write_json(run_dir / "summary.json", {"episode_return": math.nan, "per_seed": [1.0, -math.inf],
+                                                  "nested": {"x": math.inf}}, run_dir)
+    assert strict_json((run_dir / "summary.json").read_text()) == {
+        "episode_return": None, "per_seed": [1.0, None], "nested": {"x": None}}
+    logger = outputs.Logger(cli.RunConfig(out_dir=str(run_dir)), run_dir, is_chief=True)
+    logger.log({"epoch": 1, "env_steps": 8, "sps": 1.0, "episode/return": math.nan, "loss/x": [math.inf, 2.0]})
+    assert strict_json((run_dir / "metrics.jsonl").read_text()) == {
+        "epoch": 1, "env_steps": 8, "sps": 1.0, "episode/return": None, "loss/x": [None, 2.0]}
