@@ -20,6 +20,7 @@ running standard deviation of the discounted return, kept the same way.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
 import math
 import os
@@ -54,9 +55,14 @@ def defer_rendering_imports() -> None:
             sys.modules[name] = Deferred(name)
 
 
+@functools.cache
 def make_env(env_id: str):
     """`(env, env_params)` for a registered gymnax id, one of `PARTIALLY_OBSERVED` or `package.module:name`
-    (`load_custom`), or a `cli.ConfigError` listing them all, with the nearest as suggestions."""
+    (`load_custom`), or a `cli.ConfigError` listing them all, with the nearest as suggestions.
+
+    Built once per id and process: the first call, outside any traced function, runs the constructor (some
+    branch in Python on array values, as FourRooms-misc and MetaMaze-misc do); a script's `make_trainer`
+    called again inside a program (`sweep.build`) gets the same environment."""
     if ":" in env_id:
         return load_custom(env_id)
     defer_rendering_imports()
@@ -74,7 +80,13 @@ def make_env(env_id: str):
         hint = f" Did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
         raise cli.ConfigError(f"--env {env_id!r} is not a gymnax environment or {', '.join(own)}."
                               f"{hint} Known ids: {', '.join(known)}")
-    return gymnax.make(env_id)
+    try:
+        return gymnax.make(env_id)
+    except OSError as error:  # MNISTBandit-bsuite downloads MNIST into /tmp/mnist when it is built
+        raise cli.ConfigError(f"--env {env_id}: gymnax could not fetch the data it builds this environment from "
+                              f"({describe(error)}); run where the network is reachable, or put the files it "
+                              f"downloads where it looks for them (MNIST: the four .gz files of the MNIST "
+                              f"dataset in /tmp/mnist)") from None
 
 
 def load_custom(env_id: str):

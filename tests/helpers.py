@@ -45,6 +45,21 @@ def np_log_softmax(logits):
 
 
 # ----------------------------------------------------------------------------
+# Every script at tiny sizes: an epoch of a few hundred steps
+# ----------------------------------------------------------------------------
+SCRIPTS = ["ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer"]
+TINY_BY_SCRIPT = {
+    "ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2),
+    "awr": dict(num_envs=4, num_steps=16, policy_steps=4, value_steps=4, policy_batch_size=32,
+                value_batch_size=32, n_replay_epochs=2),
+    "actor_critic": dict(num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32, value_train_steps=4),
+    "reinforce": dict(num_envs=4, num_steps=16, batch_size=32),
+    "dqn_value": dict(num_envs=4, num_steps=4, update_steps=4, batch_size=8, n_replay_epochs=3),
+    "skip_transformer": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, skip_warmup_steps=0),
+}
+
+
+# ----------------------------------------------------------------------------
 # A tiny ppo_joint trainer, compiled once per test process
 # ----------------------------------------------------------------------------
 # 4 envs x 32 steps: random CartPole episodes (about 20 steps) finish inside one epoch.

@@ -18,23 +18,17 @@ import numpy as np
 import pytest
 
 from common import checkpoints, devices, envs, run, sweep
+from helpers import SCRIPTS, TINY_BY_SCRIPT
 
-SCRIPTS = ["ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer"]
-TINY = {"ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2),
-        "awr": dict(num_envs=4, num_steps=16, policy_steps=4, value_steps=4, policy_batch_size=32,
-                    value_batch_size=32, n_replay_epochs=2),
-        "actor_critic": dict(num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32, value_train_steps=4),
-        "reinforce": dict(num_envs=4, num_steps=16, batch_size=32),
-        "dqn_value": dict(num_envs=4, num_steps=4, update_steps=4, batch_size=8, n_replay_epochs=3),
-        "skip_transformer": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, skip_warmup_steps=0)}
 RUN = dict(n_devices=1, eval_every=0, eval_episodes=2, no_compile_cache=True)
 
 
 def config(name, out_dir, epochs=3, **overrides):
     """`(module, Config)`: the script's tiny run of `epochs` epochs on one device, writing to `out_dir`."""
     module = importlib.import_module(f"algos.{name}")
-    steps = TINY[name]["num_envs"] * TINY[name]["num_steps"]
-    return module, module.Config(**{**TINY[name], **RUN, "total_steps": epochs * steps, "out_dir": str(out_dir),
+    tiny = TINY_BY_SCRIPT[name]
+    steps = tiny["num_envs"] * tiny["num_steps"]
+    return module, module.Config(**{**tiny, **RUN, "total_steps": epochs * steps, "out_dir": str(out_dir),
                                     **overrides})
 
 

@@ -1,0 +1,41 @@
+"""Every environment gymnax registers, in every script whose spaces it fits, with the script's defaults at
+tiny sizes: the trainer builds, and its init and epoch trace (abstractly, with `jax.eval_shape`: nothing is
+compiled or run), with the hyperparameters as program inputs as a run has them (`sweep.build`).
+
+An environment whose constructor branches in Python on array values (FourRooms-misc, MetaMaze-misc) once
+crashed every script here, because the scripts built it inside a traced function."""
+import importlib
+
+import gymnax
+import jax
+import pytest
+from gymnax.environments import spaces
+
+from common import cli, devices, envs, sweep
+from helpers import SCRIPTS, TINY_BY_SCRIPT
+
+NEEDS_DATA = {"MNISTBandit-bsuite"}  # built from MNIST, which gymnax downloads: offline, a one-line error
+
+
+# The fast suite traces every environment in ppo_joint (the path all scripts share: make_env, sweep.build,
+# the runner state); the other scripts' pairs run with the slow tests (about 3 minutes on 2 cores).
+@pytest.mark.parametrize("env_id", gymnax.registered_envs)
+@pytest.mark.parametrize("name", [n if n == "ppo_joint" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in SCRIPTS])
+def test_every_environment_builds_and_traces_in_every_script(name, env_id):
+    module = importlib.import_module(f"algos.{name}")
+    tiny = TINY_BY_SCRIPT[name]
+    config = module.Config(**tiny, env=env_id, n_devices=1, total_steps=tiny["num_envs"] * tiny["num_steps"])
+    try:
+        env, env_params = envs.make_env(env_id)
+    except cli.ConfigError as error:
+        assert env_id in NEEDS_DATA and "/tmp/mnist" in str(error), error
+        return
+    if name == "dqn_value" and not isinstance(env.action_space(env_params), spaces.Discrete):
+        with pytest.raises(cli.ConfigError, match=f"--env {env_id}: DQN needs discrete actions"):
+            module.make_trainer(config)
+        return
+    trainer, keys, values = sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
+    state = jax.eval_shape(devices.map_init(trainer.init), keys, values)
+    _, metrics = jax.eval_shape(devices.map_epoch(trainer.epoch, 1, n_mapped=2), state, values)
+    assert any(key.startswith("loss/") for key in metrics), sorted(metrics)
