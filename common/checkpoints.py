@@ -147,8 +147,8 @@ def resume(run_dir: Path, template, hosts: int):
 def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = None) -> Callable:
     """The greedy policy of a saved run: `act(obs, key=None) -> action`.
 
-    `obs` is one observation or a batch `[N, *obs_shape]`; the action keeps the
-    batch axis. A run of several seeds (`--num-seeds`) gives actions of every seed,
+    `obs` is one observation of the environment, or a batch `[N, *obs_shape]`, as gymnax returns it (a
+    Discrete observation as its index: `act` encodes it as training did); the action keeps the batch axis. A run of several seeds (`--num-seeds`) gives actions of every seed,
     `[num_seeds, ...]` (with `--sweep`, member-major: `[members * num_seeds, ...]`),
     unless `seed` picks one. A policy that reads a window of past observations
     (skip_transformer) gives a `WindowAgent`, `act(obs, key=None, first=False)`.
@@ -180,7 +180,11 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
             act = jax.vmap(act, (0, None))
         return act(params, obs)
 
-    act = lambda obs, key=None: greedy(jnp.asarray(obs), jax.random.PRNGKey(0) if key is None else key)  # noqa: E731
+    encode = getattr(trainer.env, "encode", lambda obs: obs)  # the environment's own observations, as trained on
+
+    def act(obs, key=None):
+        return greedy(encode(jnp.asarray(obs)), jax.random.PRNGKey(0) if key is None else key)
+
     return WindowAgent(act, trainer.env) if windowed else act
 
 

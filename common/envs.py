@@ -63,6 +63,11 @@ def make_env(env_id: str):
     Built once per id and process: the first call, outside any traced function, runs the constructor (some
     branch in Python on array values, as FourRooms-misc and MetaMaze-misc do); a script's `make_trainer`
     called again inside a program (`sweep.build`) gets the same environment."""
+    return encoded(*build_env(env_id), env_id)
+
+
+def build_env(env_id: str):
+    """`make_env`'s environment as gymnax (or the user's module) builds it, before its observations are encoded."""
     if ":" in env_id:
         return load_custom(env_id)
     defer_rendering_imports()
@@ -128,7 +133,7 @@ def load_custom(env_id: str):
 
     try:
         out = jax.eval_shape(reset_and_step, jax.ShapeDtypeStruct((2,), jnp.uint32))  # traced, not compiled
-        declared = env.observation_space(env_params).shape
+        declared = getattr(env.observation_space(env_params), "shape", None)  # a Dict or Tuple space has none
     except Exception as error:
         raise cli.ConfigError(f"--env {env_id}: reset and step of {type(env).__name__} fail when traced "
                               f"({describe(error)}); gymnax's interface is reset_env(key, params) and "
@@ -137,9 +142,24 @@ def load_custom(env_id: str):
     cli.require(fits, f"--env {env_id}: its "
                 f"step must return (obs, state, reward, terminated, truncated, info with final_observation), as "
                 f"gymnax >= 1.0's Environment.step does: subclass it and write step_env and reset_env")
-    cli.require(tuple(out[0].shape) == tuple(declared),
-                f"--env {env_id}: step returns observations of shape {tuple(out[0].shape)}, but "
-                f"observation_space declares {tuple(declared)}; make them agree")
+    if declared is not None:  # a Dict or Tuple space is refused by `encoded`
+        cli.require(tuple(out[0].shape) == tuple(declared),
+                    f"--env {env_id}: step returns observations of shape {tuple(out[0].shape)}, but "
+                    f"observation_space declares {tuple(declared)}; make them agree")
+    return env, env_params
+
+
+def encoded(env, env_params, env_id: str):
+    """`(env, env_params)` whose observations the networks can read, chosen by the observation space alone: a Box
+    as it is, a Discrete space (a state's index) one-hot (`OneHotObservations`); another type is refused."""
+    from gymnax.environments import spaces
+
+    space = env.observation_space(env_params)
+    if isinstance(space, spaces.Discrete):
+        return OneHotObservations(env, int(space.n)), env_params
+    cli.require(isinstance(space, spaces.Box), f"--env {env_id}: its observation space is a {type(space).__name__}; "
+                                               f"the scripts read Box observations (arrays) and Discrete ones "
+                                               f"(one-hot): give an environment that observes one of those")
     return env, env_params
 
 
@@ -164,6 +184,35 @@ def reset_envs(env, env_params, key: jax.Array, n: int):
 # Partial-observation wrappers
 # ----------------------------------------------------------------------------
 PARTIALLY_OBSERVED = {"CartPoleNoVel-v1": ("CartPole-v1", (0, 2))}  # keeps x and theta, hides x_dot, theta_dot
+
+
+class OneHotObservations:
+    """A gymnax environment whose observations are a Discrete space's index (FrozenLake's cell), shown one-hot:
+    `n` numbers, one of them 1, so that a network reads the state as its own input, not as one scalar whose
+    size means nothing. `encode` turns the wrapped environment's observations into these."""
+
+    def __init__(self, env, n: int):
+        self.env, self.n = env, n
+
+    def action_space(self, env_params):
+        return self.env.action_space(env_params)
+
+    def observation_space(self, env_params):
+        from gymnax.environments import spaces
+
+        return spaces.Box(0.0, 1.0, (self.n,), jnp.float32)
+
+    def encode(self, obs):
+        return jax.nn.one_hot(obs, self.n, dtype=jnp.float32)
+
+    def reset(self, key, env_params=None):
+        obs, state = self.env.reset(key, env_params)
+        return self.encode(obs), state
+
+    def step(self, key, state, action, env_params=None):
+        obs, state, reward, terminated, truncated, info = self.env.step(key, state, action, env_params)
+        info = {**info, "final_observation": self.encode(info["final_observation"])}
+        return self.encode(obs), state, reward, terminated, truncated, info
 
 
 class HiddenEntries:

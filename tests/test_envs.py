@@ -224,3 +224,60 @@ class NanReward(Corridor):
     message = str(info.value.code)
     assert "episode/return is nan" in message and f"--env {module}:NanReward returned a non-finite reward" in message
     assert "a lower --lr would not help" in message and "\n" not in message
+
+
+def test_a_discrete_observation_is_one_hot_in_reset_step_and_final_observation():
+    """FrozenLake observes its cell's index: the scripts see it one-hot, chosen by the space, not the name."""
+    from gymnax.environments import spaces
+
+    env, params = envs.make_env("FrozenLake-misc")
+    raw, raw_params = gymnax.make("FrozenLake-misc")
+    n = raw.observation_space(raw_params).n
+    assert isinstance(env.observation_space(params), spaces.Box) and env.observation_space(params).shape == (n,)
+    key = jax.random.PRNGKey(1)
+    obs, state = env.reset(key, params)
+    raw_obs, raw_state = raw.reset(key, raw_params)
+    np.testing.assert_array_equal(obs, jax.nn.one_hot(raw_obs, n))
+    for t in range(30):  # through an episode end: the final observation is encoded too
+        key, step_key = jax.random.split(key)
+        action = jnp.int32(t % 4)
+        obs, state, reward, terminated, truncated, info = env.step(step_key, state, action, params)
+        raw_obs, raw_state, raw_reward, *_, raw_info = raw.step(step_key, raw_state, action, raw_params)
+        np.testing.assert_array_equal(obs, jax.nn.one_hot(raw_obs, n))
+        np.testing.assert_array_equal(info["final_observation"], jax.nn.one_hot(raw_info["final_observation"], n))
+        assert obs.dtype == jnp.float32 and reward == raw_reward
+
+
+DICT_OBSERVED = '''
+
+class DictObserved(Corridor):
+    def observation_space(self, params):
+        return spaces.Dict({"position": spaces.Box(0.0, 1.0, (self.length,), jnp.float32)})
+'''
+
+
+def test_an_observation_space_the_scripts_do_not_read_is_one_line(tmp_path, monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[1].split("```", 1)[0]
+    module = f"dict_observed_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(corridor + DICT_OBSERVED)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(cli.ConfigError, match=f"--env {module}:DictObserved: its observation space is a Dict; the "
+                                              f"scripts read Box observations"):
+        envs.make_env(f"{module}:DictObserved")
+
+
+def test_a_saved_agent_of_a_discrete_observation_acts_on_the_index(tmp_path):
+    """load_agent's `act` takes FrozenLake's observations as gymnax gives them (the index) and encodes them as
+    training did."""
+    from algos import ppo_joint
+    from common import checkpoints, run
+
+    config = ppo_joint.Config(env="FrozenLake-misc", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1,
+                              total_steps=4 * 16 * 2, eval_every=0, eval_episodes=2, n_devices=1,
+                              no_compile_cache=True, out_dir=str(tmp_path / "run"))
+    run.train(config, ppo_joint.make_trainer)
+    act = checkpoints.load_agent(tmp_path / "run", ppo_joint.Config, ppo_joint.make_trainer)
+    one, batch = act(jnp.int32(5)), act(jnp.arange(16, dtype=jnp.int32))
+    assert one.shape == () and batch.shape == (16,) and batch[5] == one
