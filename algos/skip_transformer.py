@@ -418,7 +418,7 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
         act = lambda p, obs, key, depth=depth: greedy_action(p, obs, dist, config, depth)  # noqa: E731
         seeds = jax.vmap(lambda p, k: envs.evaluate(trainer.env, trainer.env_params, act, p, k, config.eval_episodes))
         fn = jax.jit(lambda policy, key: seeds(policy, sweep.eval_keys(key, config)))
-        returns[str(depth)] = np.asarray(fn.lower(policy, key).compile(run.FAST_COMPILE)(policy, key))
+        returns[str(depth)] = np.asarray(fn(policy, key))  # compiled as run.train's evaluation is
     return {"eval_return_by_depth": {d: float(r.mean()) for d, r in returns.items()},
             "eval_return_by_depth_per_seed": {d: r.tolist() for d, r in returns.items()}}
 

@@ -438,23 +438,28 @@ def evaluate(env, env_params, act: Callable, params, key: jax.Array, n_episodes:
     """Mean return of `n_episodes` episodes, each run to its first end.
 
     `act(params, obs, key)` maps ONE observation to one action; the episodes
-    run side by side for the environment's time limit.
+    run side by side, until every one has ended or the environment's time limit.
     """
     reset_key, run_key = jax.random.split(key)
     obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(reset_key, n_episodes), env_params)
+    limit = int(env_params.max_steps_in_episode)
+    keys = jax.random.split(run_key, limit)  # step t's key, the same whenever the loop stops
 
-    def step(carry, key):
-        obs, state, ret, alive = carry
-        act_key, step_key = jax.random.split(key)
+    def running(carry):
+        t, _, _, _, alive = carry
+        return (t < limit) & jnp.any(alive > 0)
+
+    def step(carry):
+        t, obs, state, ret, alive = carry
+        act_key, step_key = jax.random.split(keys[t])
         action = jax.vmap(act, (None, 0, 0))(params, obs, jax.random.split(act_key, n_episodes))
         obs, state, reward, terminated, truncated, _ = jax.vmap(env.step, (0, 0, 0, None))(
             jax.random.split(step_key, n_episodes), state, action, env_params
         )
         ret = ret + reward * alive
         alive = alive * (1 - jnp.logical_or(terminated, truncated).astype(jnp.float32))
-        return (obs, state, ret, alive), None
+        return t + 1, obs, state, ret, alive
 
-    carry = (obs, state, jnp.zeros(n_episodes), jnp.ones(n_episodes))
-    steps = jax.random.split(run_key, int(env_params.max_steps_in_episode))
-    (_, _, ret, _), _ = jax.lax.scan(step, carry, steps)
+    carry = (jnp.int32(0), obs, state, jnp.zeros(n_episodes), jnp.ones(n_episodes))
+    _, _, _, ret, _ = jax.lax.while_loop(running, step, carry)
     return jnp.mean(ret)

@@ -32,7 +32,7 @@ import numpy as np
 
 from common import checkpoints, cli, devices, envs, loop, outputs, sweep
 
-# XLA options for programs that run rarely (init, evaluation): a quicker compile.
+# XLA options for programs that run once or rarely (init): a quicker compile.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
@@ -245,8 +245,8 @@ def start_outputs(setup: Setup, epoch: int) -> None:
 
 
 def compile_programs(setup: Setup) -> Programs:
-    """The run's programs. Init and evaluation run rarely: they compile unoptimised, on a second
-    thread, while this one compiles the epochs."""
+    """The run's programs. Init and evaluation compile on a second thread, while this one compiles the
+    epochs; init runs once, so it compiles unoptimised."""
     trainer, config, n_devices = setup.trainer, setup.config, setup.host.n_devices
     act = jax.vmap(lambda params, key: envs.evaluate(trainer.env, trainer.env_params, trainer.act, params,
                                                      key, config.eval_episodes))
@@ -257,7 +257,8 @@ def compile_programs(setup: Setup) -> Programs:
 
     def compile_init_and_eval():  # only compiles: running a program beside a compile once hung in XLA:CPU
         params = jax.eval_shape(lambda state: first_device(trainer, state), setup.template)
-        return setup.init.compile(FAST_COMPILE), evaluate_seeds.lower(params, setup.eval_key).compile(FAST_COMPILE)
+        # evaluation is optimized: on image tasks it runs as long as training's epochs, and compiles beside them
+        return setup.init.compile(FAST_COMPILE), evaluate_seeds.lower(params, setup.eval_key).compile()
 
     with ThreadPoolExecutor(1) as pool:
         side = pool.submit(compile_init_and_eval)

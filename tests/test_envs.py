@@ -281,3 +281,38 @@ def test_a_saved_agent_of_a_discrete_observation_acts_on_the_index(tmp_path):
     act = checkpoints.load_agent(tmp_path / "run", ppo_joint.Config, ppo_joint.make_trainer)
     one, batch = act(jnp.int32(5)), act(jnp.arange(16, dtype=jnp.int32))
     assert one.shape == () and batch.shape == (16,) and batch[5] == one
+
+
+def full_length_returns(env, env_params, act, params, key, n_episodes):
+    """Each episode's return to its first end, stepping all of them for the whole time limit (the plain loop
+    `envs.evaluate` shortens by stopping once every episode has ended), with evaluate's keys."""
+    reset_key, run_key = jax.random.split(key)
+    obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(reset_key, n_episodes), env_params)
+    ret, alive = np.zeros(n_episodes), np.ones(n_episodes)
+    step = jax.jit(jax.vmap(env.step, (0, 0, 0, None)))
+    for step_key in jax.random.split(run_key, int(env_params.max_steps_in_episode)):
+        act_key, env_key = jax.random.split(step_key)
+        action = jax.vmap(act, (None, 0, 0))(params, obs, jax.random.split(act_key, n_episodes))
+        obs, state, reward, terminated, truncated, _ = step(jax.random.split(env_key, n_episodes), state, action,
+                                                            env_params)
+        ret += np.asarray(reward) * alive
+        alive *= 1 - np.asarray(terminated | truncated)
+    return ret
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])  # episodes that end at different steps; all at the limit
+def test_evaluate_is_the_mean_return_of_each_episode_to_its_end(env_id):
+    env, env_params = envs.make_env(env_id)
+    env_params = env_params.replace(max_steps_in_episode=60)
+    space = env.action_space(env_params)
+
+    def act(params, obs, key):  # a fixed linear policy
+        if hasattr(space, "n"):
+            return (obs @ params > 0).astype(jnp.int32)
+        return jnp.clip(obs @ params, space.low, space.high)[None]
+
+    params = jnp.asarray([0.5, -1.0, 2.0, 0.3] if hasattr(space, "n") else [0.5, -1.0, 0.2])
+    key = jax.random.PRNGKey(4)
+    got = jax.jit(lambda p, k: envs.evaluate(env, env_params, act, p, k, 8))(params, key)
+    want = full_length_returns(env, env_params, act, params, key, 8)
+    np.testing.assert_allclose(got, want.mean(), rtol=1e-5)
