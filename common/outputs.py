@@ -208,12 +208,24 @@ def record_changes(run_dir: Path, config, epoch: int) -> None:
           f"from epoch {epoch} (recorded in {run_dir / 'changes.jsonl'})", flush=True)
 
 
+def clock(seconds: float) -> str:
+    """A duration as a person reads it: 42s, 5m12s, 2h03m."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 class Logger:
     """Metrics to the console (throttled), `metrics.jsonl` and, with --track, wandb."""
 
-    def __init__(self, config, run_dir: Path, is_chief: bool):
+    def __init__(self, config, run_dir: Path, is_chief: bool, wall_start: float | None = None):
         self.config, self.is_chief, self.wandb, self.run_dir = config, is_chief, None, run_dir
         self.last_print, self.last_return = 0.0, float("nan")
+        self.wall_start = time.time() if wall_start is None else wall_start  # the run's, imports aside
+        self.train_start, self.first_epoch, self.num_epochs, self.steps_per_epoch = time.time(), None, None, 0
         self.path = run_dir / "metrics.jsonl"
         if is_chief and config.track:
             self._start_wandb(config, run_dir)
@@ -232,6 +244,8 @@ class Logger:
     def start(self, script: str, trainer, n_devices: int, compile_time: float) -> None:
         """The run's first line: what trains, on what (`n_devices`: every host's), and where it writes."""
         config, hosts, runs = self.config, jax.process_count(), sweep.n_runs(self.config)
+        self.train_start, self.num_epochs = time.time(), trainer.num_epochs
+        self.steps_per_epoch = trainer.steps_per_epoch * runs  # every seed's and member's, as `sps` counts them
         where = f"{n_devices} {jax.default_backend()} device(s)" + (f" of {hosts} processes" if hosts > 1 else "")
         env = trainer.env  # a context window (skip_transformer) names the shape of one observation
         shape = env.raw_obs_shape if hasattr(env, "raw_obs_shape") else env.observation_space(trainer.env_params).shape
@@ -263,7 +277,19 @@ class Logger:
                     f"sps {record['sps']:>9,.0f} | return {self.last_return:8.2f}")
             if "eval/return" in record:
                 line += f" | eval {record['eval/return']:8.2f}"
-            print(line, flush=True)
+            print(line + self.pace(record["epoch"], now), flush=True)
+
+    def pace(self, epoch: int, now: float) -> str:
+        """The run's own rate by the wall clock (evaluations and checkpoints included, unlike `sps`, the
+        epochs' rate), the time since the run started and an estimate of the time left."""
+        if self.first_epoch is None:
+            self.first_epoch = epoch - 1  # the epoch this invocation started from (a resumed run's checkpoint)
+        if self.num_epochs is None:  # `start` was not called: nothing to pace against
+            return ""
+        done, seconds = epoch - self.first_epoch, max(now - self.train_start, 1e-9)
+        left = (self.num_epochs - epoch) * seconds / done
+        return (f" | wall sps {done * self.steps_per_epoch / seconds:>9,.0f} | {clock(now - self.wall_start)} "
+                f"elapsed, ~{clock(left)} left")
 
     def close(self, summary: dict) -> None:
         if self.wandb is not None:

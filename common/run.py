@@ -137,7 +137,7 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
             return Result(run_dir=setup.run_dir, summary={"eval_return": float(returns.mean()),
                                                           "eval_return_per_seed": returns.tolist()})
 
-        logger = outputs.Logger(config, setup.run_dir, setup.host.is_chief)
+        logger = outputs.Logger(config, setup.run_dir, setup.host.is_chief, wall_start)
         logger.start(setup.script, setup.trainer, setup.host.n_devices * setup.hosts, compile_time)
         last_epoch = setup.trainer.num_epochs
         if max_epochs is not None:
@@ -389,6 +389,8 @@ def summarize(setup: Setup, programs: Programs, progress: Progress, start_epoch:
         "compile_time_s": compile_time,
         "train_time_s": progress.train_time,
         "sps": (epoch - start_epoch) * steps_per_epoch * sweep.n_runs(config) / max(progress.train_time, 1e-9),
+        # the whole run's rate by the wall clock: compile, evaluations and checkpoints included
+        "wall_sps": (epoch - start_epoch) * steps_per_epoch * sweep.n_runs(config) / (time.time() - wall_start),
     }
     if config.target_return is not None:
         summary["target_return"] = {"return": config.target_return, "reached": progress.reached is not None,

@@ -1,6 +1,7 @@
 """The command line exactly as the README runs it: subprocesses from another directory."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,13 +52,17 @@ def test_run_writes_outputs(tmp_path):
     out = cli(*TINY, "--out-dir", out_dir, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "eval return" in out.stdout and "epoch" in out.stdout
+    # each progress line: the epochs' rate, the run's own by the wall clock, the time elapsed and left
+    progress = [line for line in out.stdout.splitlines() if line.startswith("epoch")]
+    assert progress and all(re.search(r"\| sps +[\d,]+ \|.*\| wall sps +[\d,]+ \| \d+s elapsed, ~\d+s left$", line)
+                            for line in progress), progress
     config = json.loads((out_dir / "config.json").read_text())
     assert config["num_envs"] == 4 and config["env"] == "CartPole-v1"
     lines = [json.loads(l) for l in (out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [l["epoch"] for l in lines] == list(range(1, 11))
     assert lines[-1]["env_steps"] == 1280 and "loss/joint" in lines[-1] and "eval/return" in lines[-1]
     summary = json.loads((out_dir / "summary.json").read_text())
-    for key in ("eval_return", "env_steps", "wall_time_s", "compile_time_s", "sps"):
+    for key in ("eval_return", "env_steps", "wall_time_s", "compile_time_s", "sps", "wall_sps"):
         assert np.isfinite(summary[key]), key
     assert summary["env_steps"] == 1280
     assert list((out_dir / "checkpoints").glob("epoch_000010.npz"))

@@ -387,3 +387,8 @@ def test_every_file_a_run_writes_is_strict_json(tmp_path):
     logger.log({"epoch": 1, "env_steps": 8, "sps": 1.0, "episode/return": math.nan, "loss/x": [math.inf, 2.0]})
     assert strict_json((run_dir / "metrics.jsonl").read_text()) == {
         "epoch": 1, "env_steps": 8, "sps": 1.0, "episode/return": None, "loss/x": [None, 2.0]}
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0s"), (42.4, "42s"), (312, "5m12s"), (7380, "2h03m")])
+def test_durations_read_as_a_person_writes_them(seconds, text):
+    assert outputs.clock(seconds) == text
