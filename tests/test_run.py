@@ -199,7 +199,7 @@ def test_a_failed_write_of_config_json_is_one_line(tmp_path, monkeypatch):
     def full_disk(path, text):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(outputs, "write_atomic", full_disk)  # before anything compiles
+    monkeypatch.setattr(outputs, "write_atomic", full_disk)  # config.json: after the compile, before any epoch
     config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=128, n_devices=1, no_compile_cache=True,
                               out_dir=str(tmp_path / "run"))
     with pytest.raises(SystemExit) as info:
