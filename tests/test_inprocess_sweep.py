@@ -87,7 +87,7 @@ def chex_close(a, b):
                                         ("dqn_value", "eps_decay"), ("skip_transformer", "ent_coef")])
 def test_every_script_sweeps_in_one_program(name, flag):
     module = importlib.import_module(f"algos.{name}")
-    value = getattr(module.Config(), flag)
+    value = getattr(module.Config(), flag) or 0.01  # a default of 0 halved is 0 again: a member given twice
     config = module.Config(n_devices=1, num_seeds=2, sweep=(f"{flag}={value},{value / 2}",))
     trainer, keys, values = sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
     init = devices.map_init(trainer.init).lower(keys, values)
