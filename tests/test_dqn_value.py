@@ -25,7 +25,7 @@ from algos import dqn_value
 from algos.dqn_value import (Batch, Config, Transition, bootstrap_value, dqn_loss, epsilon_schedule, init_replay,
                              make_trainer, n_step_return, replay_push, sample_batch, td_loss)
 from common import checkpoints, devices, envs, run
-from helpers import host
+from helpers import host, run_keys
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,13 +39,6 @@ NUM_SEEDS = 2
 
 def tiny(**overrides) -> Config:
     return Config(**{**TINY, "n_devices": 1, **overrides})
-
-
-def run_keys(seed: int, num_seeds: int = NUM_SEEDS, n_devices: int = 1):
-    """The init keys `train()` builds for `--seed seed`."""
-    _, _, rng = devices.init_host_and_devices(n_devices, seed)
-    init_key, _ = jax.random.split(rng)
-    return devices.seed_keys(init_key, num_seeds, n_devices)
 
 
 class Compiled:
