@@ -26,18 +26,36 @@ def fail_a_hung_test():
     faulthandler.cancel_dump_traceback_later()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_persistent_compile_cache():
-    """The test process compiles without JAX's persistent compilation cache.
-
-    With it, jaxlib 0.10 twice killed the whole run with a segmentation fault inside
-    `executable.serialize()` (writing a cache entry, late in the suite, at a different
-    test each time). Tests of the cache itself run scripts in subprocesses with a
-    cache directory of their own (tests/test_compile_cache.py).
-    """
+@pytest.fixture(autouse=True)
+def compile_without_optimizations(request, monkeypatch):
+    """Fast tests compile with XLA's optimizations off, in this process and in the scripts they
+    start: their programs run a few steps, so compiling takes nearly all their time, and
+    unoptimized compiles take about half as long. Slow tests train for many epochs and keep
+    the optimizations."""
     import jax
 
-    jax.config.update("jax_enable_compilation_cache", False)
+    fast = request.node.get_closest_marker("slow") is None
+    monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1" if fast else "0")
+    jax.config.update("jax_disable_most_optimizations", fast)
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_compile_cache(tmp_path_factory):
+    """One JAX compilation cache for the whole session, in a temporary `$XDG_CACHE_HOME`: the test
+    process and the scripts it starts (which read the same variable, `run.enable_compile_cache`)
+    compile a program once and load it wherever it comes again, as in the runs of one config that a
+    resume test makes. Programs that compile in under half a second are not written. The user's own
+    cache is never touched."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    from common import run
+
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))
+    compilation_cache.reset_cache()  # JAX decides once per process where its cache is
+    run.enable_compile_cache()
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     yield
 
 

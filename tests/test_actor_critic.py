@@ -1,4 +1,5 @@
-"""algos/actor_critic.py: losses, value scaling, shared layers, the compiled epoch, devices, CLI, learning.
+"""algos/actor_critic.py: losses, value scaling, shared layers, the compiled epoch, devices, CLI (learning:
+tests/test_learning.py).
 
 The estimators are tested in tests/test_estimators.py. Sizes are tiny
 (CartPole-v1, 4 envs x 32 steps); compiled programs are shared through a
@@ -351,7 +352,7 @@ def test_cli_two_devices_two_seeds_writes_outputs(tmp_path):
     out_dir = tmp_path / "run"
     out = cli("--num-envs", 4, "--num-steps", 32, "--policy-batch-size", 64, "--value-batch-size", 64,
               "--total-steps", 384, "--num-seeds", 2, "--n-devices", 2, "--eval-episodes", 2,
-              "--advantage", "td-k", "--n-shared-layers", 2, "--no-compile-cache", "--out-dir", out_dir,
+              "--advantage", "td-k", "--n-shared-layers", 2, "--out-dir", out_dir,
               cwd=tmp_path, devices_=2)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "eval return" in out.stdout and "2 seed(s) on 2 cpu device(s)" in out.stdout
@@ -363,21 +364,3 @@ def test_cli_two_devices_two_seeds_writes_outputs(tmp_path):
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["env_steps"] == 384 and len(summary["eval_return_per_seed"]) == 2
     assert all(np.isfinite(summary[k]) for k in ("eval_return", "wall_time_s", "compile_time_s", "sps"))
-
-
-# ----------------------------------------------------------------------------
-# Learning
-# ----------------------------------------------------------------------------
-@pytest.mark.slow
-def test_a2c_learns_cartpole(tmp_path):
-    config = Config(seed=0, n_devices=1, eval_every=0, total_steps=200_000, out_dir=str(tmp_path))
-    summary = run.train(config, make_trainer, "actor_critic").summary
-    assert summary["eval_return"] >= 475, summary
-
-
-@pytest.mark.slow
-def test_ppo_learns_cartpole(tmp_path):
-    config = Config(loss="ppo", seed=0, n_devices=1,
-                    eval_every=0, total_steps=200_000, out_dir=str(tmp_path))
-    summary = run.train(config, make_trainer, "actor_critic").summary
-    assert summary["eval_return"] >= 475, summary

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "ppo_joint.py"
 TINY = ["--num-envs", "4", "--num-steps", "32", "--total-steps", "1280", "--eval-every", "0",
-        "--eval-episodes", "4", "--no-compile-cache"]
+        "--eval-episodes", "4"]
 
 
 def tiny(*args):

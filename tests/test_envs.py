@@ -128,7 +128,7 @@ def test_own_environment_from_the_readme_trains_and_a_misfit_is_one_line(tmp_pat
     env.pop("XLA_FLAGS", None)
 
     def ppo(*flags):
-        return subprocess.run([sys.executable, str(ROOT / "algos" / "ppo_joint.py"), "--no-compile-cache",
+        return subprocess.run([sys.executable, str(ROOT / "algos" / "ppo_joint.py"),
                                "--out-dir", str(tmp_path / f"run{len(flags)}"), *flags],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 

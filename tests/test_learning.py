@@ -1,45 +1,36 @@
-"""Learning: greedy evaluation after training from a fixed seed reaches a threshold."""
+"""Learning: every script trains CartPole-v1 with its defaults for a short budget, 8 seeds in one program, and
+every seed's greedy return (8 episodes) ends far above a random policy's (about 22).
+
+The budgets are those at which all 8 seeds had passed the goal in a run with an evaluation every few epochs
+(bench/RESULTS.md, "Learning in CI"). The full budgets and the other tasks: bench/learning.py and
+bench/SUITE.md.
+"""
 import importlib
 
 import pytest
 
-from algos import ppo_joint
 from common import run
 
 pytestmark = pytest.mark.slow
 
-
-def test_ppo_joint_learns_cartpole(tmp_path):
-    config = ppo_joint.Config(env="CartPole-v1", seed=0, n_devices=1, eval_every=0,
-                              out_dir=str(tmp_path))
-    summary = run.train(config, ppo_joint.make_trainer, "ppo_joint").summary
-    assert summary["eval_return"] >= 475, summary
-
-
-# ----------------------------------------------------------------------------
-# The defaults on other tasks of the gymnax suite (bench/SUITE.md has 8 seeds of every cell)
-# ----------------------------------------------------------------------------
-OTHER_TASKS = [  # script, its flags, task, budget, what every seed must reach
-    # before --normalize-reward: 4 of 8 suite seeds at -500 (the value targets near -100 saturated the
-    # shared tanh torso)
-    ("ppo_joint", {}, "Acrobot-v1", 500_000, -100.0),
-    # continuous actions with the same defaults (the README's Pendulum command had 6 flags more)
-    ("ppo_joint", {}, "Pendulum-v1", 300_000, -200.0),
-    # the headline command, K = 4 actions drawn from the recorded Gaussian: at 32 critic steps, 5 of 8 seeds < -500
-    ("awr", dict(q_value=True, n_samples=4), "Pendulum-v1", 300_000, -200.0),
-    ("actor_critic", {}, "Catch-bsuite", 100_000, 0.99),  # a2c's --policy-lr 7e-3: at 2.5e-3, 0.44 to 1
-    ("skip_transformer", {}, "MemoryChain-bsuite", 150_000, 0.99),  # --context-len 8 sees the cue (4: about 0)
-    # image observations through the conv torso (--torso auto); a uniformly random policy scores 0.2-0.7
-    ("ppo_joint", {}, "Breakout-MinAtar", 100_000, 3.0),
+SHORT = [  # script, flags, budget, what every seed must reach
+    ("ppo_joint", {}, 49_152, 400),
+    ("actor_critic", {}, 57_344, 400),
+    ("actor_critic", dict(loss="ppo"), 49_152, 400),
+    ("awr", {}, 49_152, 400),
+    ("awr", dict(q_value=True, n_samples=4), 40_960, 400),  # the headline command
+    ("reinforce", dict(baseline=True), 122_880, 100),  # no critic to bootstrap from: it learns slowest
+    ("dqn_value", {}, 60_000, 150),
+    ("skip_transformer", {}, 36_864, 400),
 ]
 
 
-@pytest.mark.parametrize("script, flags, task, budget, goal", OTHER_TASKS,
-                         ids=[f"{s}-{'-'.join(f)}-{t}" if f else f"{s}-{t}" for s, f, t, _, _ in OTHER_TASKS])
-def test_defaults_learn_another_task_on_every_seed(tmp_path, script, flags, task, budget, goal):
-    """The script's defaults with only the task (and its suite budget) given, 2 seeds in one program."""
+@pytest.mark.parametrize("script, flags, budget, goal", SHORT,
+                         ids=[f"{s}-{'-'.join(f'{k}={v}' for k, v in f.items())}" if f else s for s, f, _, _ in SHORT])
+def test_every_seed_learns_cartpole(tmp_path, script, flags, budget, goal):
     module = importlib.import_module(f"algos.{script}")
-    config = module.Config(**flags, env=task, total_steps=budget, seed=0, num_seeds=2, n_devices=1, eval_every=0,
-                           out_dir=str(tmp_path))
-    summary = run.train(config, module.make_trainer, script).summary
-    assert min(summary["eval_return_per_seed"]) >= goal, summary["eval_return_per_seed"]
+    config = module.Config(**flags, env="CartPole-v1", total_steps=budget, seed=0, num_seeds=8, n_devices=1,
+                           eval_every=0, eval_episodes=8, out_dir=str(tmp_path))
+    returns = run.train(config, module.make_trainer, script).summary["eval_return_per_seed"]
+    print(script, flags, budget, "steps: greedy return per seed", [round(r, 1) for r in returns])
+    assert min(returns) >= goal, returns

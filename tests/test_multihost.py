@@ -20,7 +20,7 @@ from common import checkpoints, cli, devices
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "ppo_joint.py"
-TINY = ["--num-envs", "4", "--num-steps", "16", "--total-steps", "128", "--eval-episodes", "2", "--no-compile-cache"]
+TINY = ["--num-envs", "4", "--num-steps", "16", "--total-steps", "128", "--eval-episodes", "2"]
 LIMIT_S = 240
 
 
@@ -94,7 +94,7 @@ def test_two_processes_train_one_run(tmp_path):
     port = free_port()
     cluster = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
     out = launch([[sys.executable, str(SCRIPT), "--resume", "run0", "--eval-only", "--eval-episodes", "2",
-                   "--no-compile-cache", *cluster, "--process-id", str(i)] for i in range(2)],
+                   *cluster, "--process-id", str(i)] for i in range(2)],
                  tmp_path, [env(), env()])
     for code, text in out:
         assert code == 0 and "resumed run0 at epoch 2" in text, text

@@ -36,13 +36,18 @@ def test_conv_torso_shapes_and_values(obs_shape):
 
     x = np.asarray(jax.random.bernoulli(jax.random.PRNGKey(1), 0.3, obs_shape), np.float32)
     layers[0]["b"] = jnp.linspace(-0.5, 0.5, 16)
-    want = np.maximum(np_conv(x, np.asarray(layers[0]["w"], np.float64), np.asarray(layers[0]["b"])), 0).ravel()
-    for layer in layers[1:]:
-        want = np.maximum(want @ np.asarray(layer["w"], np.float64) + np.asarray(layer["b"]), 0)
-    got = nets.torso(layers, jnp.asarray(x), "relu")
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    batch = jnp.stack([jnp.asarray(x), 1 - jnp.asarray(x)])
-    np.testing.assert_allclose(jax.vmap(nets.torso, (None, 0, None))(layers, batch, "relu")[0], got, rtol=1e-6)
+
+    def np_torso(x):
+        out = np.maximum(np_conv(x, np.asarray(layers[0]["w"], np.float64), np.asarray(layers[0]["b"])), 0).ravel()
+        for layer in layers[1:]:
+            out = np.maximum(out @ np.asarray(layer["w"], np.float64) + np.asarray(layer["b"]), 0)
+        return out
+
+    np.testing.assert_allclose(nets.torso(layers, jnp.asarray(x), "relu"), np_torso(x), rtol=1e-4, atol=1e-5)
+    # a batch: each row its own observation's features (the batched convolution mixes no rows)
+    batched = jax.vmap(nets.torso, (None, 0, None))(layers, jnp.stack([jnp.asarray(x), 1 - jnp.asarray(x)]), "relu")
+    for row, obs in zip(batched, (x, 1 - x)):
+        np.testing.assert_allclose(row, np_torso(obs), rtol=1e-4, atol=1e-5)
 
 
 def test_the_conv_torso_is_chosen_for_images_only():
