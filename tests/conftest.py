@@ -28,13 +28,14 @@ def fail_a_hung_test():
 
 @pytest.fixture(autouse=True)
 def compile_without_optimizations(request, monkeypatch):
-    """Fast tests compile with XLA's optimizations off, in this process and in the scripts they
-    start: their programs run a few steps, so compiling takes nearly all their time, and
-    unoptimized compiles take about half as long. Slow tests train for many epochs and keep
-    the optimizations."""
+    """Tests compile with XLA's optimizations off, in this process and in the scripts they start:
+    their programs run a few steps, so compiling takes nearly all their time, and unoptimized
+    compiles take about half as long. The learning tests (marked `learning`) train for many
+    epochs and keep the optimizations. Every test of one file compiles the same way, so a run
+    a test compares against bit for bit (a module fixture) was compiled as the test's own."""
     import jax
 
-    fast = request.node.get_closest_marker("slow") is None
+    fast = request.node.get_closest_marker("learning") is None
     monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1" if fast else "0")
     jax.config.update("jax_disable_most_optimizations", fast)
     yield

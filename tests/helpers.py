@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from algos.ppo_joint import Config, make_trainer
-from common import devices
+from common import devices, run
 
 
 def host(tree):
@@ -57,6 +57,16 @@ TINY_BY_SCRIPT = {
     "dqn_value": dict(num_envs=4, num_steps=4, update_steps=4, batch_size=8, n_replay_epochs=3),
     "skip_transformer": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, skip_warmup_steps=0),
 }
+
+
+def quick_compile(make_trainer, config, keys):
+    """`(trainer, init, epoch)` for `config`: init and epoch mapped as train() maps them (the epoch without
+    donating its input, so a test may run it again from the same state) and compiled with XLA's backend
+    optimisation off, as a test runs them a few times only. `init(keys)` starts the run."""
+    trainer = make_trainer(config)
+    init = devices.map_init(trainer.init).lower(keys)
+    epoch = devices.map_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
+    return trainer, init.compile(run.FAST_COMPILE), epoch.compile(run.FAST_COMPILE)
 
 
 # ----------------------------------------------------------------------------

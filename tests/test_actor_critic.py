@@ -24,13 +24,12 @@ from algos import actor_critic
 from algos.actor_critic import Batch, Config, make_trainer, policy_loss, value_loss
 from common import devices, nets, run
 from common.distributions import make_distribution
-from helpers import host
+from helpers import NUM_SEEDS, host, quick_compile, run_keys
 
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(num_envs=4, num_steps=32, policy_batch_size=64, value_batch_size=32, policy_train_steps=3,
             value_train_steps=2, total_steps=4 * 32 * 20, loss="ppo")
-NUM_SEEDS = 2
 # value_lr so small that Adam's steps vanish in float32: the value net changes only by the layer copy
 FROZEN_VALUE = dict(value_lr=1e-30, n_shared_layers=1, scale_value_targets=True, advantage="td-k", td_k=1)
 
@@ -39,22 +38,11 @@ def tiny(**overrides) -> Config:
     return Config(**{**TINY, "n_devices": 1, **overrides})
 
 
-def run_keys(seed: int, n_devices: int = 1):
-    """The init keys `train()` builds for `--seed seed`."""
-    _, _, rng = devices.init_host_and_devices(n_devices, seed)
-    return devices.seed_keys(jax.random.split(rng)[0], NUM_SEEDS, n_devices)
-
-
 @functools.lru_cache(maxsize=None)
 def compiled(**overrides):
-    """`(config, trainer, init, epoch)`: init and epoch mapped as train() maps them, compiled quickly
-    (XLA's backend optimisation off: these programs run a few times only)."""
+    """`(config, trainer, init, epoch)` of the tiny config with `overrides` (`helpers.quick_compile`)."""
     config = tiny(**overrides)
-    trainer = make_trainer(config)
-    keys = run_keys(0, config.n_devices)
-    init = devices.map_init(trainer.init).lower(keys)
-    epoch = devices.map_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
-    return config, trainer, init.compile(run.FAST_COMPILE), epoch.compile(run.FAST_COMPILE)
+    return (config, *quick_compile(make_trainer, config, run_keys(0, n_devices=config.n_devices)))
 
 
 # ----------------------------------------------------------------------------

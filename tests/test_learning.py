@@ -11,7 +11,7 @@ import pytest
 
 from common import run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.learning]
 
 SHORT = [  # script, flags, budget, what every seed must reach
     ("ppo_joint", {}, 49_152, 400),

@@ -18,7 +18,7 @@ import pytest
 from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
 from common import checkpoints, cli, devices, envs, run
-from helpers import host
+from helpers import host, quick_compile
 
 
 
@@ -151,12 +151,9 @@ def config_of(name, **overrides):
 def compiled(name, **overrides):
     """`(config, trainer, init, epoch)`, compiled quickly as the scripts' tests do."""
     config = config_of(name, **overrides)
-    trainer = SCRIPTS[name][0].make_trainer(config)
     keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, config.n_devices)
-    init = devices.map_init(trainer.init).lower(keys)
-    epoch = devices.map_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
-    init = init.compile(run.FAST_COMPILE)
-    return config, trainer, lambda: init(keys), epoch.compile(run.FAST_COMPILE)
+    trainer, init, epoch = quick_compile(SCRIPTS[name][0].make_trainer, config, keys)
+    return config, trainer, lambda: init(keys), epoch
 
 
 def normalize(name, stats, obs):

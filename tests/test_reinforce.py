@@ -22,33 +22,23 @@ from algos import reinforce
 from algos.reinforce import Batch, Config, make_trainer, reinforce_loss
 from common import devices, envs, run
 from common.distributions import make_distribution
-from helpers import host
+from helpers import NUM_SEEDS, host, quick_compile, run_keys
 
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(num_envs=4, num_steps=32, batch_size=64, train_steps=2, total_steps=4 * 32 * 20, baseline=True)
-NUM_SEEDS = 2
 
 
 def tiny(**overrides) -> Config:
     return Config(**{**TINY, "n_devices": 1, **overrides})
 
 
-def run_keys(seed: int, n_devices: int = 1):
-    """The init keys `train()` builds for `--seed seed`."""
-    _, _, rng = devices.init_host_and_devices(n_devices, seed)
-    return devices.seed_keys(jax.random.split(rng)[0], NUM_SEEDS, n_devices)
-
-
 @functools.lru_cache(maxsize=None)
 def compiled(**overrides):
-    """`(config, init, epoch)` mapped as train() maps them, compiled quickly (these run a few times only)."""
+    """`(config, init, epoch)` of the tiny config with `overrides` (`helpers.quick_compile`)."""
     config = tiny(**overrides)
-    trainer = make_trainer(config)
-    keys = run_keys(0, config.n_devices)
-    init = devices.map_init(trainer.init).lower(keys)
-    epoch = devices.map_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)
-    return config, init.compile(run.FAST_COMPILE), epoch.compile(run.FAST_COMPILE)
+    _, init, epoch = quick_compile(make_trainer, config, run_keys(0, n_devices=config.n_devices))
+    return config, init, epoch
 
 
 def test_loss_matches_numpy():

@@ -14,6 +14,7 @@ normalized observations.
 """
 import dataclasses
 import functools
+from typing import Callable, NamedTuple
 from unittest import mock
 
 import chex
@@ -136,102 +137,119 @@ def flat(x):
 
 
 # ----------------------------------------------------------------------------
-# ppo_joint
+# The GAE scripts: ppo_joint, actor_critic, skip_transformer
 # ----------------------------------------------------------------------------
+class GaeScript(NamedTuple):
+    """What the check of a GAE script's epoch needs from it; the check itself is the same for all three."""
+
+    module: object
+    flags: dict  # its tiny config, besides GAE_FLAGS
+    lam: str  # the config field of GAE's lambda
+    normalize: Callable  # (obs_stats, raw observations [N, ...]) -> what its networks read
+    nets: Callable  # (config, runner, dist, normalized [N, ...]) -> (policy inputs [N, ...], V [N])
+    losses: Callable  # (config, runner, batch, dist) -> {metric: value}, as the epoch reports them
+    runner_after: Callable  # rollout -> the runner state after its T steps
+
+
+# One full-batch update step per network: the losses an epoch reports are those of the parameters before it
+# (skip_transformer inside its skip warmup, where every block runs).
+GAE_FLAGS = dict(num_envs=8, num_steps=32, gamma=0.9, normalize_obs=True, total_steps=8 * 32 * 10, n_devices=1)
+PPO_KEYS = ("loss/joint", "loss/policy", "loss/value", "policy/entropy")
+GAE = {
+    "ppo_joint": GaeScript(
+        ppo_joint, dict(update_epochs=1, num_minibatches=1, hidden=(16,), gae_lambda=0.8), "gae_lambda",
+        envs.normalize_obs,
+        lambda config, runner, dist, x: jax.vmap(ppo_joint.network, (None, 0, None, None))(
+            runner.params, x, dist, config.activation),
+        lambda config, runner, batch, dist: {
+            k: v for k, v in ppo_joint.ppo_loss(runner.params, batch, dist, config)[1].items() if k in PPO_KEYS},
+        lambda rollout: rollout.state),
+    "actor_critic": GaeScript(
+        actor_critic, dict(loss="a2c", value_train_steps=1, value_batch_size=256, hidden=(16,), lam=0.8), "lam",
+        envs.normalize_obs,
+        lambda config, runner, dist, x: (
+            jax.vmap(actor_critic.policy_network, (None, 0, None, None))(runner.policy_params, x, dist,
+                                                                          config.activation),
+            jax.vmap(actor_critic.value_network, (None, 0, None))(runner.value_params, x, config.activation)),
+        lambda config, runner, batch, dist: {
+            **actor_critic.policy_loss(runner.policy_params, batch, dist, config)[1],
+            **actor_critic.value_loss(runner.value_params, batch, config, 1.0)[1]},
+        lambda rollout: rollout.state),
+    "skip_transformer": GaeScript(
+        st, dict(env="CartPole-v1", update_epochs=1, num_minibatches=1, context_len=3, d_model=8, n_heads=2, d_ff=16,
+                 n_layers=2, skip_warmup_steps=1000, gae_lambda=0.8), "gae_lambda",
+        envs.normalize_window,
+        lambda config, runner, dist, x: st.network(runner.params, x, dist, config)[:2],
+        lambda config, runner, batch, dist: {
+            k: v for k, v in st.ppo_loss(runner.params, batch, runner.skip_step, jax.random.PRNGKey(0), dist,
+                                         config)[1][0].items() if k in PPO_KEYS},
+        lambda rollout: rollout.runner),
+}
+
+
 @functools.lru_cache(maxsize=None)
-def ppo():
-    config = ppo_joint.Config(num_envs=8, num_steps=32, update_epochs=1, num_minibatches=1, hidden=(16,),
-                              gamma=0.9, gae_lambda=0.8, normalize_obs=True, total_steps=8 * 32 * 10,
-                              n_devices=1)
-    return Compiled(ppo_joint, config)
+def gae_compiled(name):
+    script = GAE[name]
+    return Compiled(script.module, script.module.Config(**GAE_FLAGS, **script.flags))
 
 
-def test_ppo_joint_epoch():
-    c = ppo()
+def check_windows(env, env_params, before, traj):
+    """skip_transformer's rollout of windows `[T, B, L, F + 1]`: the newest row is the observation (checked
+    against CartPole); a final window is the window before it shifted by one row, with the final observation
+    (before any reset) as its newest; a new episode starts from an empty context. Returns `truncated`."""
+    newest, final_newest = traj.obs[..., -1, :-1], traj.final_obs[..., -1, :-1]
+    _, truncated = check_cartpole_rollout(env.env, env_params, before.env_state.env_state.time, newest,
+                                          traj.action, traj.reward, traj.done, traj.terminated, final_newest)
+    np.testing.assert_array_equal(traj.final_obs[..., :-1, :], traj.obs[..., 1:, :])
+    np.testing.assert_array_equal(traj.final_obs[..., -1, -1], 1.0)
+    np.testing.assert_array_equal(traj.obs[1:][traj.done[:-1]][:, :-1], 0.0)
+    return truncated
+
+
+@pytest.mark.parametrize("name", sorted(GAE))
+def test_gae_epoch(name):
+    """The rollout against CartPole; GAE advantages and targets in NumPy from the script's networks on the
+    normalized observations (rewards divided by the --normalize-reward scale); the losses the epoch reports
+    against the script's loss functions on the same batch."""
+    script, c = GAE[name], gae_compiled(name)
     config, trainer = c.config, c.trainer
-    dist = ppo_joint.make_distribution(trainer.env.action_space(trainer.env_params))
+    dist = script.module.make_distribution(trainer.env.action_space(trainer.env_params))
     state = c.state_after_warmup()
     before = first(state)
     rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
-    traj, stats, params = rollout.traj, before.obs_stats, before.params
+    traj, stats = rollout.traj, before.obs_stats
     assert np.abs(stats.var - 1).max() > 0.1  # past the first epoch: the normalization is not the identity
-    _, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, before.env_state.time, traj.obs,
-                                          traj.action, traj.reward, traj.done, traj.terminated, traj.final_obs)
+    if name == "skip_transformer":
+        truncated = check_windows(trainer.env, trainer.env_params, before, traj)
+    else:
+        _, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, before.env_state.time, traj.obs,
+                                              traj.action, traj.reward, traj.done, traj.terminated, traj.final_obs)
 
     # targets: GAE in NumPy on the network's values of the normalized observations
-    net = jax.vmap(ppo_joint.network, (None, 0, None, None))
-    norm_obs = envs.normalize_obs(stats, flat(traj.obs))
-    inputs, values = host(net(params, norm_obs, dist, config.activation))
-    next_values = host(net(params, envs.normalize_obs(stats, flat(traj.final_obs)), dist, config.activation)[1])
+    normalized = script.normalize(stats, flat(traj.obs))
+    inputs, values = host(script.nets(config, before, dist, normalized))
+    next_values = host(script.nets(config, before, dist, script.normalize(stats, flat(traj.final_obs)))[1])
     values, next_values = values.reshape(traj.reward.shape), next_values.reshape(traj.reward.shape)
-    rewards = traj.reward / np_reward_scale(before.reward_stats, rollout.state.reward_stats, traj.reward,
-                                            traj.done, config.gamma)
+    rewards = traj.reward / np_reward_scale(before.reward_stats, script.runner_after(rollout).reward_stats,
+                                            traj.reward, traj.done, config.gamma)
     advantages, targets = np_gae(rewards, values, next_values, traj.terminated, traj.done, config.gamma,
-                                 config.gae_lambda)
+                                 getattr(config, script.lam))
     check_ends(rollout.targets, rewards, next_values, traj.terminated, truncated, config.gamma)
     np.testing.assert_allclose(rollout.advantages, advantages, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(rollout.targets, targets, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(traj.value, values, rtol=1e-5, atol=1e-5)
+    if hasattr(traj, "value"):  # the value recorded at collection
+        np.testing.assert_allclose(traj.value, values, rtol=1e-5, atol=1e-5)
 
-    # the update's loss: ppo_loss on the normalized observations (one full-batch step, from the params before it)
-    log_prob = dist.log_prob(inputs, flat(traj.action))
+    # the update's losses on the normalized batch (one full-batch step, from the parameters before it)
+    log_prob = dist.log_prob(jnp.asarray(inputs), flat(traj.action))
     np.testing.assert_allclose(flat(traj.log_prob), log_prob, rtol=1e-5, atol=1e-5)
-    batch = ppo_joint.Batch(obs=norm_obs, action=flat(traj.action), log_prob=log_prob,
-                            advantage=flat(advantages).astype(jnp.float32), target=flat(targets).astype(jnp.float32))
-    _, want = ppo_joint.ppo_loss(params, batch, dist, config)
+    batch = script.module.Batch(obs=normalized, action=flat(traj.action), log_prob=log_prob,
+                                advantage=flat(advantages).astype(jnp.float32),
+                                target=flat(targets).astype(jnp.float32))
     metrics = first(metrics)
-    for key in ("loss/joint", "loss/policy", "loss/value", "policy/entropy"):
-        np.testing.assert_allclose(metrics[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
-
-
-# ----------------------------------------------------------------------------
-# actor_critic
-# ----------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def a2c():
-    # one full-batch step of each network: the losses reported are those of the parameters before the update
-    config = actor_critic.Config(num_envs=8, num_steps=32, loss="a2c", value_train_steps=1, value_batch_size=256,
-                                 hidden=(16,), gamma=0.9, lam=0.8, normalize_obs=True, total_steps=8 * 32 * 10,
-                                 n_devices=1)
-    return Compiled(actor_critic, config)
-
-
-def test_actor_critic_epoch():
-    c = a2c()
-    config, trainer = c.config, c.trainer
-    dist = actor_critic.make_distribution(trainer.env.action_space(trainer.env_params))
-    state = c.state_after_warmup()
-    before = first(state)
-    rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
-    traj, stats, runner = rollout.traj, before.obs_stats, before
-    assert np.abs(stats.var - 1).max() > 0.1
-    _, truncated = check_cartpole_rollout(trainer.env, trainer.env_params, runner.env_state.time, traj.obs,
-                                          traj.action, traj.reward, traj.done, traj.terminated, traj.final_obs)
-
-    value = jax.vmap(actor_critic.value_network, (None, 0, None))
-    norm_obs = envs.normalize_obs(stats, flat(traj.obs))
-    values = host(value(runner.value_params, norm_obs, config.activation)).reshape(traj.reward.shape)
-    next_values = host(value(runner.value_params, envs.normalize_obs(stats, flat(traj.final_obs)),
-                             config.activation)).reshape(traj.reward.shape)
-    rewards = traj.reward / np_reward_scale(runner.reward_stats, rollout.state.reward_stats, traj.reward,
-                                            traj.done, config.gamma)
-    advantages, targets = np_gae(rewards, values, next_values, traj.terminated, traj.done, config.gamma,
-                                 config.lam)
-    check_ends(rollout.targets, rewards, next_values, traj.terminated, truncated, config.gamma)
-    np.testing.assert_allclose(rollout.advantages, advantages, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(rollout.targets, targets, rtol=1e-4, atol=1e-4)
-
-    inputs = jax.vmap(actor_critic.policy_network, (None, 0, None, None))(runner.policy_params, norm_obs, dist,
-                                                                         config.activation)
-    log_prob = dist.log_prob(inputs, flat(traj.action))
-    np.testing.assert_allclose(flat(traj.log_prob), log_prob, rtol=1e-5, atol=1e-5)
-    batch = actor_critic.Batch(obs=norm_obs, action=flat(traj.action), log_prob=log_prob,
-                               advantage=flat(advantages).astype(jnp.float32),
-                               target=flat(targets).astype(jnp.float32))
-    _, want = actor_critic.policy_loss(runner.policy_params, batch, dist, config)
-    _, want_value = actor_critic.value_loss(runner.value_params, batch, config, 1.0)
-    metrics = first(metrics)
-    for key, value in {**want, **want_value}.items():
+    if name == "skip_transformer":
+        assert metrics["skip/layers_run"] == config.n_layers
+    for key, value in script.losses(config, before, batch, dist).items():
         np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
 
 
@@ -286,59 +304,6 @@ def test_reinforce_epoch():
     _, want = reinforce.reinforce_loss(params, batch, dist, config.activation)
     metrics = first(metrics)
     for key in ("loss/policy", "policy/entropy", "policy/log_prob_mean"):
-        np.testing.assert_allclose(metrics[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
-
-
-# ----------------------------------------------------------------------------
-# skip_transformer
-# ----------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def transformer():
-    # one full-batch step; inside the skip warmup every block runs, so the loss is the full-depth network's
-    config = st.Config(env="CartPole-v1", num_envs=8, num_steps=32, update_epochs=1, num_minibatches=1,
-                       context_len=3, d_model=8, n_heads=2, d_ff=16, n_layers=2, skip_warmup_steps=1000,
-                       gamma=0.9, gae_lambda=0.8, normalize_obs=True, total_steps=8 * 32 * 10, n_devices=1)
-    return Compiled(st, config)
-
-
-def test_skip_transformer_epoch():
-    c = transformer()
-    config, trainer = c.config, c.trainer
-    dist = st.make_distribution(trainer.env.action_space(trainer.env_params))
-    state = c.state_after_warmup()
-    before = first(state)
-    rollout, (_, metrics) = first(c.rollout(state)), c.epoch(state)
-    traj, stats, runner = rollout.traj, before.obs_stats, before
-    assert np.abs(stats.var - 1).max() > 0.1
-    # windows [T, B, L, F + 1]: the newest row is the observation; a final window is the window before
-    # it shifted by one row, with the final observation (before any reset) as its newest
-    newest, final_newest = traj.obs[..., -1, :-1], traj.final_obs[..., -1, :-1]
-    _, truncated = check_cartpole_rollout(trainer.env.env, trainer.env_params, runner.env_state.env_state.time,
-                                          newest, traj.action, traj.reward, traj.done, traj.terminated, final_newest)
-    np.testing.assert_array_equal(traj.final_obs[..., :-1, :], traj.obs[..., 1:, :])
-    np.testing.assert_array_equal(traj.final_obs[..., -1, -1], 1.0)
-    np.testing.assert_array_equal(traj.obs[1:][traj.done[:-1]][:, :-1], 0.0)  # a new episode: an empty context
-
-    net = lambda windows: host(st.network(runner.params, envs.normalize_window(stats, flat(windows)), dist,  # noqa
-                                          config))
-    inputs, values, _ = net(traj.obs)
-    values, next_values = values.reshape(traj.reward.shape), net(traj.final_obs)[1].reshape(traj.reward.shape)
-    rewards = traj.reward / np_reward_scale(runner.reward_stats, rollout.runner.reward_stats, traj.reward,
-                                            traj.done, config.gamma)
-    advantages, targets = np_gae(rewards, values, next_values, traj.terminated, traj.done, config.gamma,
-                                 config.gae_lambda)
-    check_ends(rollout.targets, rewards, next_values, traj.terminated, truncated, config.gamma)
-    np.testing.assert_allclose(rollout.advantages, advantages, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(rollout.targets, targets, rtol=1e-4, atol=1e-4)
-
-    log_prob = dist.log_prob(jnp.asarray(inputs), flat(traj.action))
-    np.testing.assert_allclose(flat(traj.log_prob), log_prob, rtol=1e-5, atol=1e-5)
-    batch = st.Batch(obs=envs.normalize_window(stats, flat(traj.obs)), action=flat(traj.action), log_prob=log_prob,
-                     advantage=flat(advantages).astype(jnp.float32), target=flat(targets).astype(jnp.float32))
-    _, (want, _) = st.ppo_loss(runner.params, batch, runner.skip_step, jax.random.PRNGKey(0), dist, config)
-    metrics = first(metrics)
-    assert metrics["skip/layers_run"] == config.n_layers
-    for key in ("loss/joint", "loss/policy", "loss/value", "policy/entropy"):
         np.testing.assert_allclose(metrics[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
 
 
