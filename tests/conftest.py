@@ -31,8 +31,8 @@ def compile_without_optimizations(request, monkeypatch):
     """Tests compile with XLA's optimizations off, in this process and in the scripts they start:
     their programs run a few steps, so compiling takes nearly all their time, and unoptimized
     compiles take about half as long. The learning tests (marked `learning`) train for many
-    epochs and keep the optimizations. Every test of one file compiles the same way, so a run
-    a test compares against bit for bit (a module fixture) was compiled as the test's own."""
+    epochs and keep the optimizations. Every other test compiles the same way, so a run that a
+    test compares against bit for bit (a module fixture) was compiled as the test's own."""
     import jax
 
     fast = request.node.get_closest_marker("learning") is None
