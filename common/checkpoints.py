@@ -58,12 +58,25 @@ def non_finite(state) -> list[str]:
             if np.issubdtype(np.asarray(x).dtype, np.inexact) and not np.isfinite(x).all()]
 
 
-def divergence_advice(config, saved: Path | None, run_dir: Path) -> str:
-    """What to do after a divergence: --resume with a lower learning rate, or without a checkpoint a new run."""
+# A policy parameter larger than this in magnitude marks a run that diverged before its values became inf or
+# NaN: a checkpoint with such parameters is finite but not a state worth resuming from (initializations and
+# trained networks stay many orders of magnitude below it).
+DIVERGED_PARAMETER = 1e6
+
+
+def divergence_advice(config, saved: Path | None, run_dir: Path, largest_parameter: float = 0.0) -> str:
+    """What to do after a divergence: --resume with a lower learning rate, or without a good checkpoint a new run.
+
+    `largest_parameter` is the largest magnitude among the policy's parameters in `saved`.
+    """
     lower = " ".join(f"{cli.flag_name(k)} {getattr(config, k) / 10:.3g}" for k in cli.float_flags(type(config))
                      if "lr" in k.split("_"))
     if saved is None:
         return f"No checkpoint was saved: start a new run with a lower learning rate ({lower}) or a --max-grad-norm."
+    if largest_parameter > DIVERGED_PARAMETER:
+        return (f"The newest checkpoint, {saved}, is finite but its policy's parameters reach "
+                f"{largest_parameter:.3g}: it had diverged already. Start a new run with a lower learning rate "
+                f"({lower}) or a --max-grad-norm: --out-dir {run_dir} --overwrite, or another --out-dir.")
     floats = ", ".join(map(cli.flag_name, cli.float_flags(type(config))))
     return (f"Last good checkpoint: {saved}. Continue from it with a lower learning rate: --resume {run_dir} {lower} "
             f"(--resume takes the float flags: {floats}, and records the change in {run_dir / 'changes.jsonl'}); "

@@ -370,7 +370,13 @@ def save_checkpoint(setup: Setup, state, epoch: int) -> None:
 def divergence(setup: Setup, what: str) -> SystemExit:
     """The end of a diverged run: what diverged, and how to go on from the last good checkpoint."""
     last = checkpoints.latest(setup.run_dir / "checkpoints")
-    return SystemExit(f"{what} {checkpoints.divergence_advice(setup.config, last, setup.run_dir)}")
+    largest = 0.0
+    with contextlib.suppress(cli.ConfigError):  # an unreadable checkpoint: the advice names it all the same
+        _, state = checkpoints.resume(setup.run_dir, setup.template, setup.hosts)
+        params = jax.tree.leaves(setup.trainer.policy(state).params)
+        largest = max(float(np.abs(np.asarray(x)).max(initial=0.0)) for x in params)
+    advice = checkpoints.divergence_advice(setup.config, last, setup.run_dir, largest)
+    return SystemExit(f"{what} {advice}")
 
 
 def summarize(setup: Setup, programs: Programs, progress: Progress, start_epoch: int, compile_time: float,

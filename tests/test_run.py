@@ -297,6 +297,28 @@ def test_divergence_stops_with_last_good_checkpoint(tmp_path):
         run.train(run_config(tmp_path / "fresh", n_devices=1, lr=1e30), make_trainer)
 
 
+def test_a_finite_checkpoint_of_a_diverged_policy_is_not_offered_for_resume(tmp_path):
+    """Parameters that grow by 1e20 an epoch: epoch 1 saves a finite but absurd state, epoch 2's loss overflows."""
+
+    def make_exploding_trainer(config):
+        trainer = make_trainer(config)
+
+        def epoch(state):
+            state, metrics = trainer.epoch(state)
+            return state._replace(params=jax.tree.map(lambda p: p * 1e20, state.params)), metrics
+
+        return trainer._replace(epoch=epoch)
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        run.train(run_config(run_dir, n_devices=1, checkpoint_every=1), make_exploding_trainer)
+    message = str(info.value.code)
+    saved = run_dir / "checkpoints" / "epoch_000001.npz"
+    assert checkpoints.latest(run_dir / "checkpoints") == saved
+    assert "diverged" in message and f"The newest checkpoint, {saved}, is finite" in message, message
+    assert "--resume" not in message and f"--out-dir {run_dir} --overwrite" in message, message
+
+
 def test_divergence_of_one_seed_stops_the_run(tmp_path):
     config = run_config(tmp_path / "run", n_devices=1, checkpoint_every=1)
     doomed = run_keys(config.seed, num_seeds=2)[0, 0]  # the first seed's key, as train() derives it
