@@ -53,7 +53,11 @@ def session_compile_cache(tmp_path_factory):
 
     from common import run
 
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: the workers of one run share one cache
+        root = root.parent
+    (root / "xdg_cache").mkdir(exist_ok=True)
+    os.environ["XDG_CACHE_HOME"] = str(root / "xdg_cache")
     compilation_cache.reset_cache()  # JAX decides once per process where its cache is
     run.enable_compile_cache()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
