@@ -6,7 +6,9 @@ What a run writes in `--out-dir DIR`:
   `episode/*`, the algorithm's own keys, `eval/return` when evaluated).
 - `summary.json`: at the end: `eval_return` (mean greedy return over
   `--eval-episodes`, and per seed), `env_steps`, `wall_time_s`,
-  `compile_time_s`, `sps` (env steps per second after compilation, all seeds).
+  `compile_time_s`, `sps` (env steps per second after compilation, all seeds),
+  `wall_sps`, `episode_return` with `episode_return_epoch` (the newest epoch in which
+  training episodes ended).
 - `checkpoints/epoch_NNNNNN.npz`: the whole runner state (params, optimiser,
   environments, keys), written to a temporary file and renamed, no pickle;
   the newest `--keep-checkpoints`, each of them finite (`common.checkpoints`).

@@ -104,6 +104,7 @@ class Progress(NamedTuple):
     returns: np.ndarray | None  # the last evaluation's
     train_time: float  # seconds in the epochs' calls
     reached: float | None  # time.time() at the evaluation that reached --target-return; None: not reached
+    episodes: tuple[int, float] | None  # (epoch, mean return) of the newest epoch in which episodes ended
 
 
 # ----------------------------------------------------------------------------
@@ -300,7 +301,7 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
     and where the run stops early. Ctrl-C or SIGTERM stops after the running call, with a checkpoint.
     """
     config, trainer = setup.config, setup.trainer
-    epoch, train_time, returns, record, reached = start_epoch, 0.0, None, {}, None
+    epoch, train_time, returns, record, reached, episodes = start_epoch, 0.0, None, {}, None, None
     with loop.StopOnInterrupt() as interrupt:
         while epoch < last_epoch and reached is None and not devices.any_host(interrupt.requested):
             # Run up to the next evaluation, checkpoint or end, at most k epochs.
@@ -315,6 +316,8 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
             for j, record in enumerate(records):
                 epoch += 1
                 check_losses(setup, record, epoch)
+                if record.get("episode/count", 0) > 0:
+                    episodes = (epoch, record["episode/return"])
                 steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * sweep.n_runs(config)
                 record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
                           "sps": steps_done / (time_before + chunk_time * (j + 1) / n), **record}
@@ -338,7 +341,8 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
         raise SystemExit(interrupt.exit_code or 130)
     if epoch > start_epoch and epoch < trainer.num_epochs:
         save_checkpoint(setup, state, epoch)
-    return Progress(state=state, epoch=epoch, record=record, returns=returns, train_time=train_time, reached=reached)
+    return Progress(state=state, epoch=epoch, record=record, returns=returns, train_time=train_time, reached=reached,
+                    episodes=episodes)
 
 
 def check_losses(setup: Setup, record: dict, epoch: int) -> None:
@@ -388,7 +392,9 @@ def summarize(setup: Setup, programs: Programs, progress: Progress, start_epoch:
     summary = {
         "eval_return": float(returns.mean()),
         "eval_return_per_seed": returns.tolist(),
-        "episode_return": progress.record.get("episode/return", float("nan")),
+        # the training episodes that ended in the newest epoch that had any (long episodes skip epochs)
+        "episode_return": progress.episodes[1] if progress.episodes else None,
+        "episode_return_epoch": progress.episodes[0] if progress.episodes else None,
         "epoch": epoch,
         "env_steps": epoch * steps_per_epoch,
         "wall_time_s": time.time() - wall_start,
@@ -398,6 +404,8 @@ def summarize(setup: Setup, programs: Programs, progress: Progress, start_epoch:
         # the whole run's rate by the wall clock: compile, evaluations and checkpoints included
         "wall_sps": (epoch - start_epoch) * steps_per_epoch * sweep.n_runs(config) / (time.time() - wall_start),
     }
+    if progress.episodes is None:
+        summary["episode_return_note"] = f"no training episode ended in epochs {start_epoch + 1} to {epoch}"
     if config.target_return is not None:
         summary["target_return"] = {"return": config.target_return, "reached": progress.reached is not None,
                                     **({"epoch": epoch, "env_steps": epoch * steps_per_epoch,

@@ -414,3 +414,18 @@ def test_every_file_a_run_writes_is_strict_json(tmp_path):
 @pytest.mark.parametrize("seconds, text", [(0, "0s"), (42.4, "42s"), (312, "5m12s"), (7380, "2h03m")])
 def test_durations_read_as_a_person_writes_them(seconds, text):
     assert outputs.clock(seconds) == text
+
+
+def test_summary_episode_return_is_from_the_newest_epoch_in_which_episodes_ended(tmp_path):
+    """Pendulum's episodes last 200 steps: one environment of 32 steps an epoch ends its first in epoch 7."""
+    long_episodes = dict(env="Pendulum-v1", num_envs=1, num_steps=32, total_steps=32 * 8, n_devices=1,
+                         num_seeds=1, eval_every=0)
+    run_dir = tmp_path / "run"
+    first = run.train(run_config(run_dir, **long_episodes), make_trainer, max_epochs=6).summary
+    assert first["episode_return"] is None and first["episode_return_epoch"] is None
+    assert first["episode_return_note"] == "no training episode ended in epochs 1 to 6"
+    resumed = run.train(run_config(run_dir, **long_episodes, resume=str(run_dir)), make_trainer).summary
+    assert resumed["epoch"] == 8 and resumed["episode_return_epoch"] == 7 and "episode_return_note" not in resumed
+    [seventh] = [r for r in metric_lines(run_dir) if r["epoch"] == 7]
+    assert seventh["episode/count"] > 0 and resumed["episode_return"] == seventh["episode/return"] < 0
+    assert strict_json((run_dir / "summary.json").read_text())["episode_return_epoch"] == 7
