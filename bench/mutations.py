@@ -35,8 +35,8 @@ class Mutation(NamedTuple):
 MUTATIONS = [
     # Kinds that survived the suite once (issue "Tests that catch the bugs that matter").
     Mutation("ppo-gae-done-as-terminated", "algos/ppo_joint.py",
-             "gae(traj.reward, traj.value, next_values, traj.terminated, traj.done,",
-             "gae(traj.reward, traj.value, next_values, traj.done, traj.done,",
+             "gae(rewards, traj.value, next_values, traj.terminated, traj.done,",
+             "gae(rewards, traj.value, next_values, traj.done, traj.done,",
              ("tests/test_wiring.py", "tests/test_ppo_joint.py")),
     Mutation("ac-truncation-from-reset-obs", "algos/actor_critic.py",
              'final_obs=info["final_observation"]', "final_obs=obs",
@@ -135,8 +135,8 @@ MUTATIONS = [
              'return torso == "conv" or (torso == "auto" and image)', 'return torso == "conv"',
              ("tests/test_nets.py",)),
     Mutation("sweep-members-seed-major", "common/sweep.py",
-             "jnp.repeat(jnp.asarray([m[name] for m in members], jnp.float32)",
-             "jnp.tile(jnp.asarray([m[name] for m in members], jnp.float32)", ("tests/test_promises.py",)),
+             "jnp.repeat(jnp.asarray([m.get(name, getattr(config, name)) for m in members],",
+             "jnp.tile(jnp.asarray([m.get(name, getattr(config, name)) for m in members],", ("tests/test_promises.py",)),
 ]
 
 
