@@ -102,9 +102,9 @@ def load(path: Path, template):
         raise cli.ConfigError(f"checkpoint {path} holds a different state structure than this script builds: it "
                               f"was written by an older layout of this script's state (or with other flags, or by "
                               f"another script); start a new run (another --out-dir), or use the commit that wrote it")
-    saved_rows, want_rows = {got.shape[0] for got in leaves}, {w.shape[0] for w in want}  # [devices, ...] each
-    if (len(saved_rows) == 1 and len(want_rows) == 1 and saved_rows != want_rows
-            and all(tuple(w.shape[1:]) == got.shape[1:] for w, got in zip(want, leaves))):
+    # Every leaf is [devices, ...]; other axes may differ too (the environments are split over the devices).
+    saved_rows, want_rows = {got.shape[0] for got in leaves}, {w.shape[0] for w in want}
+    if len(saved_rows) == 1 and len(want_rows) == 1 and saved_rows != want_rows:
         [saved], [wanted] = saved_rows, want_rows
         raise cli.ConfigError(f"checkpoint {path} holds the state of {saved} device(s) and this run has {wanted}: "
                               f"resume with --n-devices {saved} (the devices hold the environments and seeds)")

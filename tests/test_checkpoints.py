@@ -1,6 +1,7 @@
 """common/checkpoints.py: a round trip, the newest `keep` kept, a mismatched or corrupt file named with
 its fix, and a write that dies leaving the last good checkpoint. The state is the tiny ppo_joint
 trainer's (`helpers.initial_state`)."""
+import dataclasses
 import json
 
 import chex
@@ -84,10 +85,13 @@ def test_checkpoint_write_is_atomic(tmp_path, init_state, monkeypatch):
 
 
 def test_a_checkpoint_of_other_devices_names_the_device_flag(tmp_path, init_state):
-    """A one-device run resumed where two devices are the default: the message says --n-devices 1."""
+    """A one-device run resumed where two devices are the default: the message says --n-devices 1. Two devices
+    hold half of the environments each, so the state's other axes differ too."""
     c, state = init_state
     path = checkpoints.save(tmp_path, state, 1)
-    two = jax.tree.map(lambda x: jax.ShapeDtypeStruct((2,) + x.shape[1:], x.dtype), jax.eval_shape(c.init, run_keys(0)))
+    trainer = make_trainer(dataclasses.replace(c.config, n_devices=2))
+    two = jax.eval_shape(devices.map_init(trainer.init), run_keys(0, n_devices=2))
+    assert two.obs.shape[:3] == (2, 2, 2) and state.obs.shape[:3] == (1, 2, 4)  # [devices, seeds, envs]
     with pytest.raises(cli.ConfigError, match=r"holds the state of 1 device\(s\) and this run has 2: resume with "
                                               r"--n-devices 1"):
         checkpoints.load(path, two)
