@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from common import plot  # noqa: E402
+from common import envs, plot  # noqa: E402
 from results import commit  # noqa: E402
 
 OUT = ROOT / "bench" / "suite"
@@ -46,12 +46,32 @@ TASKS = {
     "MountainCarContinuous-v0": (300_000, 92.0, 90.0),
     "Breakout-MinAtar": (10_000_000, 28.0, 28.0),  # image observations [10, 10, C]; gymnax's PPO at 10M steps
     "SpaceInvaders-MinAtar": (10_000_000, 131.0, 131.0),
+    "Asterix-MinAtar": (10_000_000, 15.0, 15.0),
+    "Freeway-MinAtar": (10_000_000, 58.0, 58.0),
+    "Seaquest-MinAtar": (10_000_000, float("nan"), float("nan")),  # no anchor in gymnax's table
+    # gymnax's other environments: one row (ppo_joint) each; gymnax's table gives an anchor for some, from PPO
+    # or from an evolution strategy (ES): MetaMaze, PointRobot and the two bandits are meta-learning tasks
+    "UmbrellaChain-bsuite": (150_000, 1.0, 1.0),
+    "DiscountingChain-bsuite": (150_000, 1.1, 1.1),
+    "SimpleBandit-bsuite": (100_000, float("nan"), float("nan")),
+    "FourRooms-misc": (500_000, 1.0, 1.0),
+    "FrozenLake-misc": (200_000, float("nan"), float("nan")),
+    "MetaMaze-misc": (500_000, 32.0, 32.0),  # ES
+    "PointRobot-misc": (500_000, 10.0, 10.0),  # ES
+    "BernoulliBandit-misc": (200_000, 90.0, 90.0),  # ES
+    "GaussianBandit-misc": (200_000, 0.0, 0.0),  # ES
+    "Reacher-misc": (500_000, float("nan"), float("nan")),
+    "Swimmer-misc": (500_000, float("nan"), float("nan")),
+    "Pong-misc": (500_000, float("nan"), float("nan")),
 }
 CONTINUOUS = ("Pendulum-v1", "MountainCarContinuous-v0")  # Box actions: no dqn_value rows
 MEMORY = ("MemoryChain-bsuite", "CartPoleNoVel-v1")  # tasks that need memory: skip_transformer's rows
 ONLY_MEMORY = ("CartPoleNoVel-v1",)  # and only its rows
-MINATAR = ("Breakout-MinAtar", "SpaceInvaders-MinAtar")  # rows: ppo_joint, awr and dqn_value only
+MINATAR = ("Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar",
+           "Seaquest-MinAtar")  # rows: ppo_joint, awr and dqn_value only
 MINATAR_ROWS = ("ppo_joint", "awr", "dqn_value")
+ONE_ROW = tuple(list(TASKS)[list(TASKS).index("UmbrellaChain-bsuite"):])  # ppo_joint's row only
+RANDOM = OUT / "random.json"  # task: the mean return of uniformly random actions
 SCRIPTS = {  # row name: script and flags
     "ppo_joint": ["ppo_joint"],
     "awr": ["awr"],
@@ -70,7 +90,33 @@ def cells_of(tasks: list[str], scripts: list[str]) -> list[tuple[str, str]]:
     (dqn_value on discrete actions only; MinAtar: MINATAR_ROWS)."""
     return [(task, row) for task in tasks for row in scripts
             if (task in MEMORY if row == "skip_transformer" else task not in ONLY_MEMORY)
-            and not (row == "dqn_value" and task in CONTINUOUS) and (task not in MINATAR or row in MINATAR_ROWS)]
+            and not (row == "dqn_value" and task in CONTINUOUS) and (task not in MINATAR or row in MINATAR_ROWS)
+            and (task not in ONE_ROW or row == "ppo_joint")]
+
+
+def random_return(task: str, episodes: int = 256) -> float:
+    """The mean return of uniformly random actions over `episodes` episodes, each to its end or time limit."""
+    import jax
+    import jax.numpy as jnp
+
+    env, params = envs.build_env(task)
+    space = env.action_space(params)
+
+    def episode(key):
+        obs, state = env.reset(key, params)
+
+        def step(carry, key):
+            state, total, ended = carry
+            act_key, step_key = jax.random.split(key)
+            _, state, reward, terminated, truncated, _ = env.step(step_key, state, space.sample(act_key), params)
+            done = jnp.logical_or(terminated, truncated)
+            return (state, total + jnp.where(ended, 0.0, reward), jnp.logical_or(ended, done)), None
+
+        keys = jax.random.split(key, int(params.max_steps_in_episode))
+        (_, total, _), _ = jax.lax.scan(step, (state, jnp.float32(0.0), jnp.bool_(False)), keys)
+        return total
+
+    return float(jax.jit(jax.vmap(episode))(jax.random.split(jax.random.PRNGKey(0), episodes)).mean())
 
 
 def eval_every(script: str, budget: int) -> int:
@@ -132,7 +178,7 @@ def matrix(cells: dict) -> list[str]:
                         "of the task's budget); bold: every seed at or above the goal."]
 
 
-def report(cells: dict) -> str:
+def report(cells: dict, randoms: dict) -> str:
     lines = ["# The gymnax suite", "", "Written by `bench/suite.py` from bench/suite/cells.json: each cell one "
              "process, the script's defaults with only `--env` and the budget (`--total-steps`) given, "
              "`--num-seeds` seeds in one program, greedy return over 32 episodes at the end. Anchor: gymnax's PPO "
@@ -145,8 +191,11 @@ def report(cells: dict) -> str:
         rows = [(row, cells[f"{task} | {row}"]) for row in SCRIPTS if f"{task} | {row}" in cells]
         if not rows:
             continue
+        random = randoms.get(task)
         lines += [f"## {task} (budget {budget:,} steps; anchor {anchor(task)}; goal, every seed: {goal:g})", "",
                   f"![{task}](suite/{task}.png)", "",
+                  *([f"Uniformly random actions: {random:.3g} (mean of 256 episodes).", ""] if random is not None
+                    else []),
                   "| script | mean | worst seed | every seed >= goal | per seed | env steps | wall s | commit |",
                   "|---|---:|---:|---|---|---:|---:|---|"]
         for row, c in rows:
@@ -198,8 +247,12 @@ def main() -> None:
                 CELLS.write_text(json.dumps(cells, indent=1, sort_keys=True))
                 print(f"{task:<20} {row:<30} " + (cell.get("error") or f"mean {cell['mean']:.3g} worst "
                       f"{cell['worst']:.3g} in {cell['wall_s']:.0f} s"), flush=True)
+    randoms = json.loads(RANDOM.read_text()) if RANDOM.exists() else {}
+    for task in {key.split(" | ")[0] for key in cells} - set(randoms):
+        randoms[task] = random_return(task)
+    RANDOM.write_text(json.dumps(randoms, indent=1, sort_keys=True))
     draw(cells)
-    REPORT.write_text(report(cells) + "\n")
+    REPORT.write_text(report(cells, randoms) + "\n")
 
 
 if __name__ == "__main__":
