@@ -247,8 +247,14 @@ def start_outputs(setup: Setup, epoch: int) -> None:
 
 def compile_programs(setup: Setup) -> Programs:
     """The run's programs. Init and evaluation compile on a second thread, while this one compiles the
-    epochs; init runs once, so it compiles unoptimised."""
+    epochs; init runs once, so it compiles unoptimised.
+
+    Evaluation compiles optimized for image observations, where each step runs a conv torso that is many
+    times slower unoptimized (on MinAtar the evaluations took as long as training), and unoptimized for
+    the others: an MLP's evaluation takes a fraction of a second either way, and the optimized compile
+    would lengthen the run's start."""
     trainer, config, n_devices = setup.trainer, setup.config, setup.host.n_devices
+    images = len(trainer.env.observation_space(trainer.env_params).shape) >= 3
     act = jax.vmap(lambda params, key: envs.evaluate(trainer.env, trainer.env_params, trainer.act, params,
                                                      key, config.eval_episodes))
     def greedy_returns(params, key):  # of every run (a named function names its program in profiles)
@@ -258,8 +264,8 @@ def compile_programs(setup: Setup) -> Programs:
 
     def compile_init_and_eval():  # only compiles: running a program beside a compile once hung in XLA:CPU
         params = jax.eval_shape(lambda state: first_device(trainer, state), setup.template)
-        # evaluation is optimized: on image tasks it runs as long as training's epochs, and compiles beside them
-        return setup.init.compile(FAST_COMPILE), evaluate_seeds.lower(params, setup.eval_key).compile()
+        evaluation = evaluate_seeds.lower(params, setup.eval_key)
+        return setup.init.compile(FAST_COMPILE), evaluation.compile() if images else evaluation.compile(FAST_COMPILE)
 
     with ThreadPoolExecutor(1) as pool:
         side = pool.submit(compile_init_and_eval)
