@@ -254,7 +254,9 @@ def compile_programs(setup: Setup) -> Programs:
     the others: an MLP's evaluation takes a fraction of a second either way, and the optimized compile
     would lengthen the run's start."""
     trainer, config, n_devices = setup.trainer, setup.config, setup.host.n_devices
-    images = len(trainer.env.observation_space(trainer.env_params).shape) >= 3
+    env = trainer.env  # a ContextWindow (skip_transformer) observes windows of its raw observations
+    raw_shape = env.raw_obs_shape if hasattr(env, "raw_obs_shape") else env.observation_space(trainer.env_params).shape
+    images = len(raw_shape) >= 3
     act = jax.vmap(lambda params, key: envs.evaluate(trainer.env, trainer.env_params, trainer.act, params,
                                                      key, config.eval_episodes))
     def greedy_returns(params, key):  # of every run (a named function names its program in profiles)
