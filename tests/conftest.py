@@ -1,11 +1,14 @@
-"""Test setup: two forced CPU devices (before jax is imported) and the repo on sys.path."""
+"""Test setup: XLA flags (before jax is imported) and the repo on sys.path."""
 import faulthandler
 import os
 import sys
 
-_FLAG = "--xla_force_host_platform_device_count=2"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+# Two CPU devices for the multi-device tests. XLA:CPU's older per-operation code emitters compile
+# the tests' programs in about half the time of its fusion emitters (bench/RESULTS.md); the scripts
+# a test starts get the same flag (helpers.script_env).
+for _flag in ["--xla_force_host_platform_device_count=2", "--xla_cpu_use_fusion_emitters=false"]:
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,6 +4,7 @@ Each reference is a plain loop in float64, written independently of the code und
 ppo_joint trainer is the one run that the tests of common/ (checkpoints, train) drive.
 """
 import functools
+import os
 
 import jax
 import numpy as np
@@ -20,6 +21,16 @@ def host(tree):
 def first(tree):
     """Device 0, seed 0 of a `[n_devices, num_seeds, ...]` tree, on the host."""
     return jax.tree.map(lambda x: np.asarray(x)[0, 0], jax.device_get(tree))
+
+
+def script_env(n_devices: int = 1, **extra) -> dict:
+    """The environment for a script a test starts: this process's, with one CPU device as a user has
+    (or `n_devices`), the tests' other XLA flags (conftest.py), no wandb account, and `extra`."""
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+             if not flag.startswith("--xla_force_host_platform_device_count")]
+    if n_devices > 1:
+        flags.append(f"--xla_force_host_platform_device_count={n_devices}")
+    return {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu", "WANDB_MODE": "disabled", **extra}
 
 
 def np_gae(rewards, values, next_values, terminated, dones, gamma, lam):

@@ -8,7 +8,6 @@ module-level cache and the session's persistent compilation cache.
 import dataclasses
 import functools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from algos import actor_critic
 from algos.actor_critic import Batch, Config, make_trainer, policy_loss, value_loss
 from common import devices, nets, run
 from common.distributions import make_distribution
-from helpers import NUM_SEEDS, host, quick_compile, run_keys
+from helpers import NUM_SEEDS, host, quick_compile, run_keys, script_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,10 +316,7 @@ def test_bad_input_rejected_before_compiling(overrides, match, tmp_path):
 # The command line
 # ----------------------------------------------------------------------------
 def cli(*args, cwd, devices_=1):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    if devices_ > 1:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_}"
-    env.update(WANDB_MODE="disabled", JAX_PLATFORMS="cpu")
+    env = script_env(devices_)
     return subprocess.run([sys.executable, str(ROOT / "algos" / "actor_critic.py"), *map(str, args)], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=300)
 

@@ -1,7 +1,6 @@
 """algos/awr.py: weights, Q aggregates, sampled and enumerated actions, replay, TD(lambda), epochs,
 the CLI. Learning: tests/test_learning.py and bench/learning.py."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from algos import awr
 from algos.awr import Config, Replay, Transition, aggregate_q, awr_weights, make_trainer, replay_push, td_lambda
 from common import checkpoints, devices, nets, run
 from common.distributions import Categorical, DiagonalGaussian
+from helpers import script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(num_envs=4, num_steps=16, n_replay_epochs=3, policy_steps=4, value_steps=4, policy_batch_size=32,
@@ -319,9 +319,8 @@ def test_bad_setup_is_rejected_by_make_trainer():
 
 
 def test_q_value_with_one_sample_is_refused_in_one_line_before_compiling(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run([sys.executable, str(ROOT / "algos" / "awr.py"), "--q-value", "--out-dir", str(tmp_path / "r")],
-                         cwd=tmp_path, env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=120)
+                         cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "--n-samples 2" in out.stderr, out.stderr
     assert not (tmp_path / "r").exists()
@@ -331,11 +330,10 @@ def test_q_value_with_one_sample_is_refused_in_one_line_before_compiling(tmp_pat
 # The headline command, as a user runs it
 # ----------------------------------------------------------------------------
 def test_headline_command_through_the_cli(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run(
         [sys.executable, str(ROOT / "algos" / "awr.py"), "--q-value", "--n-samples", "4", "--total-steps", "2048",
          "--eval-every", "0", "--eval-episodes", "2", "--out-dir", str(tmp_path / "run")],
-        cwd=tmp_path, env={**env, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"},
+        cwd=tmp_path, env=script_env(),
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     config = json.loads((tmp_path / "run" / "config.json").read_text())

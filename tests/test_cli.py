@@ -1,6 +1,5 @@
 """The command line exactly as the README runs it: subprocesses from another directory."""
 import json
-import os
 import re
 import signal
 import subprocess
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "ppo_joint.py"
@@ -25,8 +25,7 @@ def tiny(*args):
 
 
 def env():
-    clean = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
-    return {**clean, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
+    return script_env()
 
 
 def cli(*args, cwd, timeout=300):

@@ -14,13 +14,13 @@ cache and compiles less. Its metrics equal the first's while the skip warmup
 runs every block; see `skipping.steps_without_skipping`.)
 """
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # 10 epochs of 4 gradient steps, blocks skippable from the 3rd: the depths drawn for --skip-fraction 0.4
@@ -34,8 +34,7 @@ PPO_TINY = ["--num-envs", "4", "--num-steps", "16", "--total-steps", "256", "--u
 
 def run_metrics(cache: Path, out_dir: Path, *flags, script: str = "skip_transformer") -> list[dict]:
     """metrics.jsonl of a run of `script` with `flags`, without `sps` (a timing)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
-    env.update(XDG_CACHE_HOME=str(cache), WANDB_MODE="disabled", JAX_PLATFORMS="cpu")
+    env = script_env(XDG_CACHE_HOME=str(cache))
     out = subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), *flags, "--out-dir", str(out_dir)],
                          cwd=out_dir.parent, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

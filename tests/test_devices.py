@@ -276,5 +276,5 @@ def test_two_devices_holding_halves_train_as_one_device_holding_everything(name,
     joined = to_one(two)
     for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(joined), jax.tree.leaves(one)):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path))
-    for key in one_metrics:
-        np.testing.assert_allclose(two_metrics[key][0], one_metrics[key][0], rtol=1e-4, atol=1e-5, err_msg=key)
+    for key in one_metrics:  # atol: reinforce's policy loss, ~1e-2 left of terms ~1e1, moves by ~1e-5 when summed in halves
+        np.testing.assert_allclose(two_metrics[key][0], one_metrics[key][0], rtol=1e-4, atol=5e-5, err_msg=key)

@@ -9,7 +9,6 @@ cache (tests/conftest.py).
 """
 import functools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from algos import dqn_value
 from algos.dqn_value import (Batch, Config, Transition, bootstrap_value, dqn_loss, epsilon_schedule, init_replay,
                              make_trainer, n_step_return, replay_push, sample_batch, td_loss)
 from common import checkpoints, devices, envs, run
-from helpers import host, run_keys
+from helpers import host, run_keys, script_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -448,8 +447,7 @@ CLI_TINY = ["--num-envs", "4", "--num-steps", "8", "--update-steps", "4", "--bat
 
 
 def cli(*args, cwd, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
-    env.update(WANDB_MODE="disabled", JAX_PLATFORMS="cpu")
+    env = script_env()
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

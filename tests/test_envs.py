@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from common import cli, devices, envs
+from helpers import script_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,8 +125,7 @@ def test_own_environment_from_the_readme_trains_and_a_misfit_is_one_line(tmp_pat
     readme = (ROOT / "README.md").read_text()
     code = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "corridor.py").write_text(code)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "WANDB_MODE": "disabled"}
-    env.pop("XLA_FLAGS", None)
+    env = script_env()
 
     def ppo(*flags):
         return subprocess.run([sys.executable, str(ROOT / "algos" / "ppo_joint.py"),

@@ -4,7 +4,6 @@ Every subprocess has a hard timeout: a process waiting for a peer that never
 comes must fail the test, not hang it.
 """
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from common import checkpoints, cli, devices
+from helpers import script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "ppo_joint.py"
@@ -31,8 +31,8 @@ def free_port() -> int:
 
 
 def env(**extra):
-    clean = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS" and not k.startswith("JTRAX_")}
-    return {**clean, "JAX_PLATFORMS": "cpu", "WANDB_MODE": "disabled", **extra}  # one CPU device per process
+    clean = {k: v for k, v in script_env().items() if not k.startswith("JTRAX_")}
+    return {**clean, **extra}  # one CPU device per process
 
 
 def launch(commands, cwd: Path, envs) -> list[tuple[int, str]]:

@@ -6,7 +6,6 @@ tiny (CartPole-v1, 4 envs x 32 steps).
 import dataclasses
 import functools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from algos import reinforce
 from algos.reinforce import Batch, Config, make_trainer, reinforce_loss
 from common import devices, envs, run
 from common.distributions import make_distribution
-from helpers import NUM_SEEDS, host, quick_compile, run_keys
+from helpers import NUM_SEEDS, host, quick_compile, run_keys, script_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,8 +152,7 @@ def test_bad_input_rejected_before_compiling(overrides, match, tmp_path):
 
 
 def cli(*args, cwd):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
-    env.update(WANDB_MODE="disabled", JAX_PLATFORMS="cpu")
+    env = script_env()
     return subprocess.run([sys.executable, str(ROOT / "algos" / "reinforce.py"), *map(str, args)], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=300)
 

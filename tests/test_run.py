@@ -4,7 +4,6 @@ the tiny ppo_joint run: resume equal to the uninterrupted run, divergence, input
 import dataclasses
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 from common import checkpoints, cli, devices, envs, loop, outputs, run
-from helpers import Config, initial_state, make_trainer, run_keys
+from helpers import Config, initial_state, make_trainer, run_keys, script_env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,8 +358,7 @@ def test_two_devices_two_seeds(tmp_path):
     seeds) deadlocks XLA's 2-thread pool on a 2-core host; `nets.orthogonal` avoids it.
     """
     code = TWO_BY_TWO.format(root=str(Path(__file__).resolve().parents[1]), out=str(tmp_path / "run"))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=90)
+    out = subprocess.run([sys.executable, "-c", code], env=script_env(2), capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "epochs 2" in out.stdout
 

@@ -5,7 +5,6 @@ directory, sharing one compilation cache (the same tiny program compiles once).
 """
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--num-envs", "4", "--num-steps", "32", "--total-steps", "1280", "--eval-every", "0",
@@ -27,8 +27,7 @@ def cache(tmp_path_factory):
 
 
 def env(cache):
-    clean = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user has
-    return {**clean, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu", "XDG_CACHE_HOME": str(cache)}
+    return script_env(XDG_CACHE_HOME=str(cache))
 
 
 def cli(cache, *args, cwd=None):

@@ -8,7 +8,6 @@ Sizes are tiny (4 envs x 32 steps, 2 blocks of width 8) so that a compiled epoch
 import dataclasses
 import functools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from algos import skip_transformer as st
 from algos.skip_transformer import Batch, Config, make_trainer
 from common import checkpoints, cli, devices, run, skipping
 from common.distributions import make_distribution
-from helpers import host, np_gae
+from helpers import host, np_gae, script_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,10 +300,7 @@ CLI_TINY = ["--num-envs", "4", "--num-steps", "32", "--total-steps", "1280", "--
 
 
 def run_cli(*args, cwd, devices_=1, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    if devices_ > 1:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_}"
-    env.update(WANDB_MODE="disabled", JAX_PLATFORMS="cpu")
+    env = script_env(devices_)
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
