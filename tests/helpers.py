@@ -3,8 +3,13 @@
 Each reference is a plain loop in float64, written independently of the code under test. The tiny
 ppo_joint trainer is the one run that the tests of common/ (checkpoints, train) drive.
 """
+import contextlib
 import functools
+import importlib
+import io
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -31,6 +36,27 @@ def script_env(n_devices: int = 1, **extra) -> dict:
     if n_devices > 1:
         flags.append(f"--xla_force_host_platform_device_count={n_devices}")
     return {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu", "WANDB_MODE": "disabled", **extra}
+
+
+def command(script: str, *args, cwd) -> subprocess.CompletedProcess:
+    """`python algos/SCRIPT.py ARGS` run from `cwd` in this process: its exit status, stdout and stderr as
+    `subprocess.run` returns them, without the seconds a new process spends importing JAX. For command
+    lines that end before anything compiles (--help, a refused flag); an exception that is not a user's
+    error propagates, as a traceback would print."""
+    module = importlib.import_module(f"algos.{script}")
+    stdout, stderr, status = io.StringIO(), io.StringIO(), 0
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            argv = list(map(str, args))
+            if hasattr(module, "main"):  # skip_transformer's own, which adds the return at every depth
+                module.main(argv)
+            else:
+                run.main(module.Config, module.make_trainer, script, module.__doc__.split("\n\n")[0], argv)
+        except SystemExit as exit:  # as Python ends a process: a message goes to stderr with status 1
+            if isinstance(exit.code, str):
+                print(exit.code, file=sys.stderr)
+            status = 1 if isinstance(exit.code, str) else exit.code or 0
+    return subprocess.CompletedProcess([script, *args], status, stdout.getvalue(), stderr.getvalue())
 
 
 def np_gae(rewards, values, next_values, terminated, dones, gamma, lam):

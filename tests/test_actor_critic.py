@@ -23,7 +23,7 @@ from algos import actor_critic
 from algos.actor_critic import Batch, Config, make_trainer, policy_loss, value_loss
 from common import devices, nets, run
 from common.distributions import make_distribution
-from helpers import NUM_SEEDS, host, quick_compile, run_keys, script_env
+from helpers import NUM_SEEDS, command, host, quick_compile, run_keys, script_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -322,7 +322,7 @@ def cli(*args, cwd, devices_=1):
 
 
 def test_help_lists_every_flag(tmp_path):
-    out = cli("--help", cwd=tmp_path)
+    out = command("actor_critic", "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     for field in dataclasses.fields(Config):

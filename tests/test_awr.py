@@ -15,7 +15,7 @@ from algos import awr
 from algos.awr import Config, Replay, Transition, aggregate_q, awr_weights, make_trainer, replay_push, td_lambda
 from common import checkpoints, devices, nets, run
 from common.distributions import Categorical, DiagonalGaussian
-from helpers import script_env
+from helpers import command, script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(num_envs=4, num_steps=16, n_replay_epochs=3, policy_steps=4, value_steps=4, policy_batch_size=32,
@@ -319,8 +319,7 @@ def test_bad_setup_is_rejected_by_make_trainer():
 
 
 def test_q_value_with_one_sample_is_refused_in_one_line_before_compiling(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "algos" / "awr.py"), "--q-value", "--out-dir", str(tmp_path / "r")],
-                         cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=120)
+    out = command("awr", "--q-value", "--out-dir", tmp_path / "r", cwd=tmp_path)
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "--n-samples 2" in out.stderr, out.stderr
     assert not (tmp_path / "r").exists()

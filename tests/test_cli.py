@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import script_env
+from helpers import command, script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "ppo_joint.py"
@@ -37,7 +37,7 @@ def test_help_lists_every_flag_with_default(tmp_path):
     from algos import ppo_joint
     import dataclasses
 
-    out = cli("--help", cwd=tmp_path)
+    out = command("ppo_joint", "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     for field in dataclasses.fields(ppo_joint.Config):
@@ -76,7 +76,7 @@ def test_run_writes_outputs(tmp_path):
     (["--lr", "-1"], "positive learning rate"),
 ])
 def test_bad_input_fails_before_compiling(tmp_path, args, message):
-    out = cli(*tiny(*args), "--out-dir", tmp_path / "run", cwd=tmp_path)
+    out = command("ppo_joint", *tiny(*args), "--out-dir", tmp_path / "run", cwd=tmp_path)
     assert out.returncode != 0
     assert message in out.stderr
     assert "compiled in" not in out.stdout

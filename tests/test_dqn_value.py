@@ -24,7 +24,7 @@ from algos import dqn_value
 from algos.dqn_value import (Batch, Config, Transition, bootstrap_value, dqn_loss, epsilon_schedule, init_replay,
                              make_trainer, n_step_return, replay_push, sample_batch, td_loss)
 from common import checkpoints, devices, envs, run
-from helpers import host, run_keys, script_env
+from helpers import command, host, run_keys, script_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -453,14 +453,14 @@ def cli(*args, cwd, timeout=300):
 
 
 def test_cli_help_and_bad_input(tmp_path):
-    out = cli("--help", cwd=tmp_path)
+    out = command("dqn_value", "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     for flag in ("--n-step", "--sync-freq", "--double-dqn", "--loss", "--scale-value-targets", "--eps-start",
                  "--eps-decay", "--eps-min", "--n-replay-epochs", "--batch-size", "--update-steps"):
         assert flag in text, flag
     assert "{huber,l2}" in text and "(default: 0.99)" in text
-    out = cli(*CLI_TINY, "--env", "Pendulum-v1", "--out-dir", tmp_path / "run", cwd=tmp_path)
+    out = command("dqn_value", *CLI_TINY, "--env", "Pendulum-v1", "--out-dir", tmp_path / "run", cwd=tmp_path)
     assert out.returncode != 0 and "needs discrete actions" in out.stderr
     assert "compiled in" not in out.stdout and not (tmp_path / "run").exists()
 

@@ -21,7 +21,7 @@ from algos import reinforce
 from algos.reinforce import Batch, Config, make_trainer, reinforce_loss
 from common import devices, envs, run
 from common.distributions import make_distribution
-from helpers import NUM_SEEDS, host, quick_compile, run_keys, script_env
+from helpers import NUM_SEEDS, command, host, quick_compile, run_keys, script_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +158,7 @@ def cli(*args, cwd):
 
 
 def test_help_lists_every_flag(tmp_path):
-    out = cli("--help", cwd=tmp_path)
+    out = command("reinforce", "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     for field in dataclasses.fields(Config):

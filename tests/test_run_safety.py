@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import script_env
+from helpers import command, script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--num-envs", "4", "--num-steps", "32", "--total-steps", "1280", "--eval-every", "0",
@@ -315,13 +315,13 @@ def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, capsys)
     (["--out-dir", "{file}"], "--out-dir {file} is a file, not a directory"),
     (["--out-dir", "{file}/run"], "--out-dir {file}/run: cannot write there (Not a directory)"),
     (["--out-dir", "/proc/jtrax"], "--out-dir /proc/jtrax: cannot write there"),
-    (["--out-dir", "run", "--hidden", "300000", "300000"],
+    (["--out-dir", "run", "--n-devices", "1", "--hidden", "300000", "300000"],
      "its largest array, .params['torso'][1]['w'] (1, 1, 300000, 300000), is sized by --hidden: make it smaller"),
     (["--out-dir", "run", "--seed", "100000000000000000000"], "--seed 100000000000000000000: too large"),
 ])
-def test_bad_places_and_sizes_are_messages(cache, tmp_path, args, message):
+def test_bad_places_and_sizes_are_messages(tmp_path, args, message):
     (tmp_path / "file").write_text("not a directory")
-    out = cli(cache, *TINY, *[a.format(file=tmp_path / "file") for a in args], cwd=tmp_path)
+    out = command("ppo_joint", *TINY, *[a.format(file=tmp_path / "file") for a in args], cwd=tmp_path)
     refused(out, message.format(file=tmp_path / "file"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
@@ -380,8 +380,8 @@ def test_a_run_written_before_the_conv_torso_resumes_with_its_mlp(tmp_path):
     (["--clip-eps", "-1"], "--clip-eps -1.0: use a positive value"),
     (["--lr", "1e-3", "--lr", "1e-4"], "--lr is given twice; give it once"),
 ])
-def test_bad_values_are_refused_on_the_command_line(cache, tmp_path, args, message):
-    refused(cli(cache, *TINY, *args, "--out-dir", tmp_path / "run"), message)
+def test_bad_values_are_refused_on_the_command_line(tmp_path, args, message):
+    refused(command("ppo_joint", *TINY, *args, "--out-dir", tmp_path / "run", cwd=tmp_path), message)
     assert not (tmp_path / "run").exists()
 
 

@@ -24,7 +24,7 @@ from algos import skip_transformer as st
 from algos.skip_transformer import Batch, Config, make_trainer
 from common import checkpoints, cli, devices, run, skipping
 from common.distributions import make_distribution
-from helpers import host, np_gae, script_env
+from helpers import command, host, np_gae, script_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,7 +306,7 @@ def run_cli(*args, cwd, devices_=1, timeout=300):
 
 
 def test_help_lists_every_flag_with_default(tmp_path):
-    out = run_cli("--help", cwd=tmp_path)
+    out = command("skip_transformer", "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     for field in dataclasses.fields(Config):
@@ -320,7 +320,7 @@ def test_help_lists_every_flag_with_default(tmp_path):
     (["--eval-depth", "5"], "--eval-depth 5: use 1 to --n-layers 2"),
 ])
 def test_bad_flags_fail_before_compiling(tmp_path, args, message):
-    out = run_cli(*CLI_TINY, *args, "--out-dir", tmp_path / "run", cwd=tmp_path)
+    out = command("skip_transformer", *CLI_TINY, *args, "--out-dir", tmp_path / "run", cwd=tmp_path)
     assert out.returncode != 0 and message in out.stderr
     assert "compiled in" not in out.stdout and not (tmp_path / "run").exists()
 
