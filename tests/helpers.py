@@ -13,6 +13,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from algos.ppo_joint import Config, make_trainer
 from common import devices, run
@@ -36,6 +37,12 @@ def script_env(n_devices: int = 1, **extra) -> dict:
     if n_devices > 1:
         flags.append(f"--xla_force_host_platform_device_count={n_devices}")
     return {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu", "WANDB_MODE": "disabled", **extra}
+
+
+def slow_for(names, *slow) -> list:
+    """`names` as pytest parameters, those in `slow` marked slow: the fast suite checks a family of
+    per-script tests on the scripts whose programs compile in seconds, CI on every script."""
+    return [pytest.param(name, marks=pytest.mark.slow) if name in slow else name for name in names]
 
 
 def command(script: str, *args, cwd) -> subprocess.CompletedProcess:

@@ -328,6 +328,7 @@ def test_q_value_with_one_sample_is_refused_in_one_line_before_compiling(tmp_pat
 # ----------------------------------------------------------------------------
 # The headline command, as a user runs it
 # ----------------------------------------------------------------------------
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_headline_command_through_the_cli(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "algos" / "awr.py"), "--q-value", "--n-samples", "4", "--total-steps", "2048",

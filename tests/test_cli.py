@@ -83,6 +83,7 @@ def test_bad_input_fails_before_compiling(tmp_path, args, message):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_corrupt_checkpoint_is_reported(tmp_path):
     out_dir = tmp_path / "run"
     assert cli(*TINY, "--out-dir", out_dir, cwd=tmp_path).returncode == 0
@@ -92,6 +93,7 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
     assert out.returncode != 0 and "corrupt" in out.stderr and "compiled in" not in out.stdout
 
 
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 @pytest.mark.parametrize("signum, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_then_resume_and_eval_only(tmp_path, signum, exit_code):
     """Ctrl-C, or SIGTERM as a job scheduler sends it, stops after the running epochs with a checkpoint."""

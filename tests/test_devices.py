@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from common import devices, nets, run
+from helpers import slow_for
 
 
 def test_two_forced_devices():
@@ -148,7 +149,7 @@ SMALL = {"ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_e
          "skip_transformer": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1)}
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("name", slow_for(sorted(SMALL), "skip_transformer"))
 def test_value_metrics_count_every_devices_batch(name):
     """Two devices holding the same state run the same rollout twice: their batch together is the
     one-device batch twice over, so ||R - V|| is sqrt(2) times the one-device norm while the mean and

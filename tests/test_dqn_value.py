@@ -465,6 +465,7 @@ def test_cli_help_and_bad_input(tmp_path):
     assert "compiled in" not in out.stdout and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_cli_run_writes_outputs(tmp_path):
     out_dir = tmp_path / "run"
     out = cli(*CLI_TINY, "--double-dqn", "--out-dir", out_dir, cwd=tmp_path)

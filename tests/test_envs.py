@@ -120,6 +120,7 @@ def test_gymnax_rendering_modules_load_at_their_first_use():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_own_environment_from_the_readme_trains_and_a_misfit_is_one_line(tmp_path):
     """README's corridor.py, saved in the working directory, learns with `--env corridor:Corridor`."""
     readme = (ROOT / "README.md").read_text()

@@ -18,7 +18,7 @@ import pytest
 from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
 from common import checkpoints, cli, devices, envs, run
-from helpers import host, quick_compile
+from helpers import host, quick_compile, slow_for
 
 
 
@@ -175,7 +175,7 @@ def some_observations(name, stats, n=6):
     return jnp.asarray(obs, jnp.float32)
 
 
-@pytest.mark.parametrize("name", list(SCRIPTS))
+@pytest.mark.parametrize("name", slow_for(SCRIPTS, "skip_transformer"))
 def test_epochs_with_normalize_obs(name):
     config, trainer, init, epoch = compiled(name, normalize_obs=True)
     _, plain, plain_init, plain_epoch = compiled(name)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from common import checkpoints, devices, envs, run, sweep
-from helpers import SCRIPTS, TINY_BY_SCRIPT
+from helpers import SCRIPTS, TINY_BY_SCRIPT, slow_for
 
 RUN = dict(n_devices=1, eval_every=0, eval_episodes=2, no_compile_cache=True)
 
@@ -97,7 +97,7 @@ def assert_same_run(whole: Path, resumed: Path):
 
 # ppo_joint's and dqn_value's own test files resume them after max_epochs (tests/test_ppo_joint.py,
 # tests/test_dqn_value.py)
-@pytest.mark.parametrize("name", ["awr", "actor_critic", "reinforce", "skip_transformer"])
+@pytest.mark.parametrize("name", slow_for(["awr", "actor_critic", "reinforce", "skip_transformer"], "skip_transformer"))
 def test_resume_after_ctrl_c_ends_as_the_uninterrupted_run(tmp_path, uninterrupted, name):
     """`max_epochs` stops as Ctrl-C does (a checkpoint at the epoch reached); --resume then ends bit for bit
     where the uninterrupted run ends: awr's replay ring, skip_transformer's depth key and gradient step count,
@@ -202,7 +202,7 @@ SWEPT = {"awr": "beta", "actor_critic": "value_lr", "reinforce": "lr", "dqn_valu
 
 
 # ppo_joint's: tests/test_inprocess_sweep.py, through run.train
-@pytest.mark.parametrize("name", sorted(SWEPT))
+@pytest.mark.parametrize("name", slow_for(sorted(SWEPT), "skip_transformer"))
 def test_a_swept_member_trains_as_the_run_with_its_value(name):
     """--sweep FLAG=default,default/2: member 1 ends 2 epochs where a run with FLAG=default/2 ends (same
     keys), and apart from member 0: the traced value reaches the math, in member order."""

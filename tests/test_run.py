@@ -350,6 +350,7 @@ print("epochs", run.train(config, ppo_joint.make_trainer).summary["epoch"])
 """
 
 
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_two_devices_two_seeds(tmp_path):
     """`--num-seeds 2` on 2 devices trains.
 

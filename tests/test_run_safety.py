@@ -49,6 +49,7 @@ def lines(run_dir: Path) -> list:
 
 
 # 1. A new run into an existing run directory
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_a_new_run_refuses_a_directory_holding_a_run(cache, tmp_path):
     run_dir = tmp_path / "run"
     assert cli(cache, *TINY, "--out-dir", run_dir).returncode == 0
@@ -166,6 +167,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_a_second_run_in_a_live_run_directory_is_refused(cache, tmp_path):
     from algos import ppo_joint
 
@@ -224,6 +226,7 @@ def test_a_non_finite_state_is_not_saved_and_the_run_fails(tmp_path):
 
 
 # 4. Several checkpoints: a corrupt newest one leaves an older one to resume from
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_resume_falls_back_to_the_newest_readable_checkpoint(cache, tmp_path):
     run_dir = tmp_path / "run"
     assert cli(cache, *TINY, "--checkpoint-every", "2", "--out-dir", run_dir).returncode == 0
@@ -424,6 +427,7 @@ def test_sizes_that_do_not_fit_the_data_are_refused(script, overrides, message):
 
 
 # 9. Small losses
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_resuming_a_finished_run_keeps_its_summary_and_removes_leftovers(cache, tmp_path):
     run_dir = tmp_path / "run"
     assert cli(cache, *TINY, "--out-dir", run_dir).returncode == 0
@@ -448,6 +452,7 @@ def test_an_unknown_env_is_matched_against_the_scripts_own_environments():
 
 # 10. A checkpoint of an older layout of the script's state (e.g. `--normalize-obs` once saved the statistics
 # beside the runner state, not in it): --resume says so in one line
+@pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_a_checkpoint_of_an_older_state_layout_is_one_line_on_resume(cache, tmp_path):
     from common import checkpoints
 
