@@ -229,9 +229,15 @@ def test_epochs_with_normalize_obs(name):
 def test_flag_off_holds_no_statistics(name):
     """One state type: without the flag its `obs_stats` is None (no arrays, the same program); with it, the
     statistics' arrays are the only ones added."""
-    config, trainer, init, _ = compiled(name)
-    state, normalized = jax.eval_shape(init), jax.eval_shape(compiled(name, normalize_obs=True)[2])
     module = SCRIPTS[name][0]
+
+    def initial_shapes(**overrides):  # traced, not compiled
+        config = config_of(name, **overrides)
+        trainer = module.make_trainer(config)
+        keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, config.n_devices)
+        return trainer, jax.eval_shape(devices.map_init(trainer.init), keys)
+
+    (trainer, state), (_, normalized) = initial_shapes(), initial_shapes(normalize_obs=True)
     assert type(state) is type(normalized) is module.RunnerState and state.obs_stats is None
     assert len(jax.tree.leaves(normalized)) == len(jax.tree.leaves(state)) + len(envs.ObsStats._fields)
     policy = trainer.policy(state)
