@@ -20,8 +20,8 @@ SHORT = [  # script, flags, budget, what every seed must reach
     ("awr", {}, 49_152, 400),
     ("awr", dict(q_value=True, n_samples=4), 40_960, 400),  # the headline command
     ("reinforce", dict(baseline=True), 122_880, 100),  # no critic to bootstrap from: it learns slowest
-    ("dqn_value", {}, 60_000, 150),
-    ("skip_transformer", {}, 36_864, 400),
+    ("dqn_value", {}, 30_000, 150),
+    ("skip_transformer", {}, 24_576, 400),
 ]
 
 
