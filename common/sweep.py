@@ -14,18 +14,14 @@ seeds of sweep member 0, then of member 1, ... Seed i of every member starts
 from the key of seed i of a run without the sweep and is evaluated on its
 episodes (`eval_keys`), so members meet on equal terms.
 """
-from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from common import cli, devices
-
-if TYPE_CHECKING:
-    from common.run import Trainer
 
 
 def n_runs(config) -> int:
@@ -59,8 +55,9 @@ def input_names(config) -> list[str]:
     return names
 
 
-def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Trainer, Any, dict]:
-    """The run's trainer, the keys and the hyperparameter values its programs map over: `[n_devices, n_runs]`.
+def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any, Any, dict]:
+    """The run's trainer (a `run.Trainer`), the keys and the hyperparameter values its programs map over:
+    `[n_devices, n_runs]`.
 
     The trainer's `init(key, values)`, `epoch(state, values)` (and `rollout`) make
     the script's trainer inside the program from `config` with `values`

@@ -47,3 +47,24 @@ def test_imports_go_one_way(path):
     """common/ never imports algos/; a script never imports another (each reads top to bottom on its own)."""
     algos = {name for name in imported_modules(path) if name == "algos" or name.startswith("algos.")}
     assert not algos, f"{path.relative_to(ROOT)} imports {sorted(algos)}"
+
+
+def test_common_modules_import_each_other_one_way():
+    """common/'s modules import each other in one direction (type-checking imports included): each can be
+    read, and changed, knowing only the modules below it."""
+    modules = {path.stem for path in (ROOT / "common").glob("*.py")}
+    below = {name: {m.split(".")[1] for m in imported_modules(ROOT / "common" / f"{name}.py")
+                    if m.startswith("common.") and m.split(".")[1] in modules} for name in modules}
+
+    def cycle_from(name, path):
+        for other in sorted(below[name]):
+            if other in path:
+                return path[path.index(other):] + [other]
+            found = cycle_from(other, path + [other])
+            if found:
+                return found
+        return None
+
+    for name in sorted(modules):
+        cycle = cycle_from(name, [name])
+        assert cycle is None, "common/ imports in a circle: " + " -> ".join(cycle)
