@@ -9,6 +9,7 @@ function.
     python algos/actor_critic.py                                  # CartPole-v1, A2C, GAE
     python algos/actor_critic.py --loss ppo                       # 16 minibatch steps of 256 per epoch
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -95,33 +96,69 @@ class Config(cli.RunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("loss", "advantage", "policy_lr_schedule", "value_lr_schedule", "activation", "std"):
-            choices, value = typing.get_args(typing.get_type_hints(Config)[name]), getattr(self, name)
-            cli.require(value in choices, f"{cli.flag_name(name)} {value!r}: use one of {', '.join(choices)}")
+        for name in (
+            "loss",
+            "advantage",
+            "policy_lr_schedule",
+            "value_lr_schedule",
+            "activation",
+            "std",
+        ):
+            choices, value = (
+                typing.get_args(typing.get_type_hints(Config)[name]),
+                getattr(self, name),
+            )
+            cli.require(
+                value in choices,
+                f"{cli.flag_name(name)} {value!r}: use one of {', '.join(choices)}",
+            )
         for name in ("num_envs", "num_steps", "td_k", "value_batch_size", "value_train_steps"):
             cli.require(getattr(self, name) >= 1, f"{cli.flag_name(name)} must be at least 1")
         for name in ("policy_batch_size", "policy_train_steps"):
-            cli.require(getattr(self, name) >= 0, f"{cli.flag_name(name)} must be 0 (the --loss default) or more")
-        cli.require(self.loss == "a2c" or self.policy_steps > 1,
-                    "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only step): "
-                    "use 2 or more, or 0 for the default 16")
-        cli.require(self.policy_lr >= 0 and self.value_lr > 0, f"--policy-lr {self.policy_lr}, --value-lr "
-                    f"{self.value_lr}: use positive learning rates (--policy-lr 0: the --loss default)")
+            cli.require(
+                getattr(self, name) >= 0,
+                f"{cli.flag_name(name)} must be 0 (the --loss default) or more",
+            )
+        cli.require(
+            self.loss == "a2c" or self.policy_steps > 1,
+            "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only step): "
+            "use 2 or more, or 0 for the default 16",
+        )
+        cli.require(
+            self.policy_lr >= 0 and self.value_lr > 0,
+            f"--policy-lr {self.policy_lr}, --value-lr "
+            f"{self.value_lr}: use positive learning rates (--policy-lr 0: the --loss default)",
+        )
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
         cli.require(0 <= self.lam <= 1, f"--lam {self.lam}: use a value in [0, 1]")
-        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
-        cli.require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
+        cli.require(
+            self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
+        )
+        cli.require(
+            self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"
+        )
         cli.require_non_negative(self, "ent_coef")
-        cli.require(self.advantage != "td-k" or self.td_k <= self.num_steps,
-                    f"--td-k {self.td_k} is longer than the rollout (--num-steps {self.num_steps}); use at most that")
-        cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
-        cli.require(0 <= self.n_shared_layers <= len(self.hidden),
-                    f"--n-shared-layers {self.n_shared_layers}: the networks have {len(self.hidden)} hidden "
-                    f"layers (--hidden {' '.join(map(str, self.hidden))}); use 0 to {len(self.hidden)}")
-        cli.require(not self.scale_value_targets or self.gamma < 1,
-                    "--scale-value-targets divides by 1 - gamma: use --gamma below 1")
-        cli.require(self.n_replay_epochs == 1, f"--n-replay-epochs {self.n_replay_epochs}: --loss {self.loss} is "
-                                               f"on-policy and trains only on the current epoch's transitions; use 1")
+        cli.require(
+            self.advantage != "td-k" or self.td_k <= self.num_steps,
+            f"--td-k {self.td_k} is longer than the rollout (--num-steps {self.num_steps}); use at most that",
+        )
+        cli.require(
+            len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
+        )
+        cli.require(
+            0 <= self.n_shared_layers <= len(self.hidden),
+            f"--n-shared-layers {self.n_shared_layers}: the networks have {len(self.hidden)} hidden "
+            f"layers (--hidden {' '.join(map(str, self.hidden))}); use 0 to {len(self.hidden)}",
+        )
+        cli.require(
+            not self.scale_value_targets or self.gamma < 1,
+            "--scale-value-targets divides by 1 - gamma: use --gamma below 1",
+        )
+        cli.require(
+            self.n_replay_epochs == 1,
+            f"--n-replay-epochs {self.n_replay_epochs}: --loss {self.loss} is "
+            f"on-policy and trains only on the current epoch's transitions; use 1",
+        )
 
     @property
     def policy_steps(self) -> int:
@@ -131,7 +168,10 @@ class Config(cli.RunConfig):
     @property
     def policy_batch(self) -> int:
         """--policy-batch-size, or the --loss default."""
-        return self.policy_batch_size or self.num_envs * self.num_steps // {"a2c": 1, "ppo": 4}[self.loss]
+        return (
+            self.policy_batch_size
+            or self.num_envs * self.num_steps // {"a2c": 1, "ppo": 4}[self.loss]
+        )
 
 
 # ----------------------------------------------------------------------------
@@ -150,7 +190,10 @@ def value_network(params: dict, obs: jax.Array, activation: nets.Activation) -> 
 
 def share_layers(policy_params: dict, value_params: dict, n_shared: int) -> dict:
     """The value params with their first `n_shared` hidden layers replaced by the policy's."""
-    return {**value_params, "torso": policy_params["torso"][:n_shared] + value_params["torso"][n_shared:]}
+    return {
+        **value_params,
+        "torso": policy_params["torso"][:n_shared] + value_params["torso"][n_shared:],
+    }
 
 
 # ----------------------------------------------------------------------------
@@ -164,8 +207,12 @@ class RunnerState(NamedTuple):
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
-    obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the earlier epochs' observations; off: None
-    reward_stats: envs.RewardStats | None  # the discounted returns' statistics; --no-normalize-reward: None
+    obs_stats: (
+        envs.ObsStats | None
+    )  # --normalize-obs: statistics of the earlier epochs' observations; off: None
+    reward_stats: (
+        envs.RewardStats | None
+    )  # the discounted returns' statistics; --no-normalize-reward: None
     key: jax.Array  # differs per device
 
 
@@ -180,7 +227,9 @@ class Transition(NamedTuple):
     greedy_action: jax.Array  # mode of pi_old(. | s_t), for the preferred_move metric
 
 
-class Rollout(NamedTuple):  # an epoch before its updates: the state after T steps and what they train on
+class Rollout(
+    NamedTuple
+):  # an epoch before its updates: the state after T steps and what they train on
     state: RunnerState  # its value net's first --n-shared-layers the policy's; its obs_stats: those used
     traj: Transition  # [T, B, ...] as collected (raw observations)
     advantages: jax.Array  # [T, B]
@@ -210,10 +259,14 @@ def td_lambda(rewards, values, next_values, terminated, dones, gamma: float, lam
 
     def backward(next_return, x):
         reward, discount_t, next_value, done = x
-        ret = reward + discount_t * jnp.where(done, next_value, (1 - lam) * next_value + lam * next_return)
+        ret = reward + discount_t * jnp.where(
+            done, next_value, (1 - lam) * next_value + lam * next_return
+        )
         return ret, ret
 
-    _, returns = jax.lax.scan(backward, next_values[-1], (rewards, discount, next_values, dones), reverse=True)
+    _, returns = jax.lax.scan(
+        backward, next_values[-1], (rewards, discount, next_values, dones), reverse=True
+    )
     return returns - values, returns
 
 
@@ -284,26 +337,40 @@ def clipped_surrogate(log_prob, old_log_prob, advantage, clip_eps: float):
     ratio = jnp.exp(log_ratio)
     clipped = jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps)
     loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
-    return loss, {"ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),
-                  "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > clip_eps)}
+    return loss, {
+        "ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),
+        "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > clip_eps),
+    }
 
 
 def policy_loss(params, batch: Batch, dist, config: Config):
     """a2c: -mean(A log pi); ppo: `clipped_surrogate`; minus c_ent * mean(H)."""
     chex.assert_rank(batch.advantage, 1)
-    inputs = jax.vmap(policy_network, (None, 0, None, None))(params, batch.obs, dist, config.activation)
+    inputs = jax.vmap(policy_network, (None, 0, None, None))(
+        params, batch.obs, dist, config.activation
+    )
     log_prob = dist.log_prob(inputs, batch.action)
     advantage = batch.advantage
     if config.normalize_advantages:
         advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
     if config.loss == "a2c":
         surrogate = -jnp.mean(advantage * log_prob)
-        log_ratio = log_prob - batch.log_prob  # how far the policy moved from the one that collected the data
-        metrics = {"a2c/approx_kl": jnp.mean((jnp.exp(log_ratio) - 1) - log_ratio)}  # k3 estimator of KL(old || new)
+        log_ratio = (
+            log_prob - batch.log_prob
+        )  # how far the policy moved from the one that collected the data
+        metrics = {
+            "a2c/approx_kl": jnp.mean((jnp.exp(log_ratio) - 1) - log_ratio)
+        }  # k3 estimator of KL(old || new)
     else:
         surrogate, metrics = clipped_surrogate(log_prob, batch.log_prob, advantage, config.clip_eps)
     entropy = jnp.mean(dist.entropy(inputs))
-    metrics.update({"loss/policy": surrogate, "policy/entropy": entropy, "policy/log_prob_mean": jnp.mean(log_prob)})
+    metrics.update(
+        {
+            "loss/policy": surrogate,
+            "policy/entropy": entropy,
+            "policy/log_prob_mean": jnp.mean(log_prob),
+        }
+    )
     return surrogate - config.ent_coef * entropy, metrics
 
 
@@ -322,77 +389,150 @@ def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     layout = devices.layout(config)
-    for name, size in (("policy_batch_size", config.policy_batch), ("value_batch_size", config.value_batch_size)):
-        cli.require(1 <= size <= layout.steps_per_epoch and size % layout.n_devices == 0,
-                    f"{cli.flag_name(name)} {size}: use a multiple of --n-devices {layout.n_devices} of at most "
-                    f"{config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}")
+    for name, size in (
+        ("policy_batch_size", config.policy_batch),
+        ("value_batch_size", config.value_batch_size),
+    ):
+        cli.require(
+            1 <= size <= layout.steps_per_epoch and size % layout.n_devices == 0,
+            f"{cli.flag_name(name)} {size}: use a multiple of --n-devices {layout.n_devices} of at most "
+            f"{config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}",
+        )
     obs_shape = tuple(env.observation_space(env_params).shape)
-    conv = nets.uses_conv(config.torso, obs_shape)  # the networks' first layer: a convolution for images
+    conv = nets.uses_conv(
+        config.torso, obs_shape
+    )  # the networks' first layer: a convolution for images
     value_scale = 1.0 / (1.0 - config.gamma) if config.scale_value_targets else 1.0
 
     def optimizer(lr: float, schedule: str, n_steps: int):
-        lr = optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps) if schedule == "linear" else lr
-        clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
+        lr = (
+            optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps)
+            if schedule == "linear"
+            else lr
+        )
+        clip = (
+            optax.identity()
+            if cli.off(config.max_grad_norm)
+            else optax.clip_by_global_norm(config.max_grad_norm)
+        )
         return optax.chain(clip, optax.adam(lr, eps=1e-5))
 
-    policy_lr = jnp.where(config.policy_lr > 0, config.policy_lr, {"a2c": 7e-3, "ppo": 2.5e-3}[config.loss])
+    policy_lr = jnp.where(
+        config.policy_lr > 0, config.policy_lr, {"a2c": 7e-3, "ppo": 2.5e-3}[config.loss]
+    )
     policy_tx = optimizer(policy_lr, config.policy_lr_schedule, config.policy_steps)
     value_tx = optimizer(config.value_lr, config.value_lr_schedule, config.value_train_steps)
     estimate = estimator(config)
-    values_of = jax.vmap(jax.vmap(value_network, (None, 0, None)), (None, 0, None))  # [T, B, ...] -> [T, B]
+    values_of = jax.vmap(
+        jax.vmap(value_network, (None, 0, None)), (None, 0, None)
+    )  # [T, B, ...] -> [T, B]
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
 
     def init(key) -> RunnerState:
         # parameters from the seed's key alone (the same on every device), exploration from a device key
         policy_key, policy_head_key, value_key, value_head_key, env_key = jax.random.split(key, 5)
-        torso = lambda k: nets.torso_init(jax.random.split(k, len(config.hidden)), obs_shape, config.hidden, conv)  # noqa
-        policy_params = {"torso": torso(policy_key), "head": dist.head_init(policy_head_key, config.hidden[-1])}
-        value_params = {"torso": torso(value_key), "head": nets.dense_init(value_head_key, config.hidden[-1], 1, 1.0)}
+
+        def torso(k):
+            return nets.torso_init(
+                jax.random.split(k, len(config.hidden)), obs_shape, config.hidden, conv
+            )
+
+        policy_params = {
+            "torso": torso(policy_key),
+            "head": dist.head_init(policy_head_key, config.hidden[-1]),
+        }
+        value_params = {
+            "torso": torso(value_key),
+            "head": nets.dense_init(value_head_key, config.hidden[-1], 1, 1.0),
+        }
         value_params = share_layers(policy_params, value_params, config.n_shared_layers)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, layout.envs_per_device)
-        return RunnerState(policy_params=policy_params, value_params=value_params,
-                           policy_opt_state=policy_tx.init(policy_params), value_opt_state=value_tx.init(value_params),
-                           env_state=env_state, obs=obs, episode_stats=envs.init_episode_stats(layout.envs_per_device),
-                           obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None, key=run_key,
-                           reward_stats=None if config.no_normalize_reward else envs.init_reward_stats(obs.shape[0]))
+        return RunnerState(
+            policy_params=policy_params,
+            value_params=value_params,
+            policy_opt_state=policy_tx.init(policy_params),
+            value_opt_state=value_tx.init(value_params),
+            env_state=env_state,
+            obs=obs,
+            episode_stats=envs.init_episode_stats(layout.envs_per_device),
+            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
+            key=run_key,
+            reward_stats=None
+            if config.no_normalize_reward
+            else envs.init_reward_stats(obs.shape[0]),
+        )
 
     def env_step(state: RunnerState, _):
         """One step of the B environments; the policy sees observations normalized by state.obs_stats."""
         key, act_key, step_key = jax.random.split(state.key, 3)
         inputs = jax.vmap(policy_network, (None, 0, None, None))(
-            state.policy_params, envs.normalize_obs(state.obs_stats, state.obs), dist, config.activation)
+            state.policy_params,
+            envs.normalize_obs(state.obs_stats, state.obs),
+            dist,
+            config.activation,
+        )
         action = dist.sample(inputs, act_key)
         obs, env_state, reward, terminated, truncated, info = step_envs(
-            jax.random.split(step_key, layout.envs_per_device), state.env_state, dist.clip_action(action), env_params)
+            jax.random.split(step_key, layout.envs_per_device),
+            state.env_state,
+            dist.clip_action(action),
+            env_params,
+        )
         done = jnp.logical_or(terminated, truncated)
-        transition = Transition(obs=state.obs, action=action, reward=reward, terminated=terminated, done=done,
-                                log_prob=dist.log_prob(inputs, action), final_obs=info["final_observation"],
-                                greedy_action=dist.mode(inputs))
+        transition = Transition(
+            obs=state.obs,
+            action=action,
+            reward=reward,
+            terminated=terminated,
+            done=done,
+            log_prob=dist.log_prob(inputs, action),
+            final_obs=info["final_observation"],
+            greedy_action=dist.mode(inputs),
+        )
         episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
-        return state._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key), transition
+        return state._replace(
+            env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
+        ), transition
 
     def rollout(state: RunnerState) -> Rollout:
         # COLLECT: T steps of B environments under the current policy (the value net first takes its shared layers).
         value_params = share_layers(state.policy_params, state.value_params, config.n_shared_layers)
-        state = state._replace(value_params=value_params, episode_stats=envs.reset_epoch_stats(state.episode_stats))
+        state = state._replace(
+            value_params=value_params, episode_stats=envs.reset_epoch_stats(state.episode_stats)
+        )
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
         # ADVANTAGES: the estimator on V(s_t), V(final_obs_t) (truncations bootstrap), rewards / their return std.
         norm = functools.partial(envs.normalize_obs, state.obs_stats)  # off: the identity
         values = value_scale * values_of(state.value_params, norm(traj.obs), config.activation)
-        next_values = value_scale * values_of(state.value_params, norm(traj.final_obs), config.activation)
-        reward_stats = envs.update_reward_stats(state.reward_stats, traj.reward, traj.done, config.gamma)
-        advantages, targets = estimate(traj.reward / envs.reward_scale(reward_stats), values, next_values,
-                                       traj.terminated, traj.done)
-        return Rollout(state=state._replace(reward_stats=reward_stats), traj=traj, advantages=advantages,
-                       targets=targets)
+        next_values = value_scale * values_of(
+            state.value_params, norm(traj.final_obs), config.activation
+        )
+        reward_stats = envs.update_reward_stats(
+            state.reward_stats, traj.reward, traj.done, config.gamma
+        )
+        advantages, targets = estimate(
+            traj.reward / envs.reward_scale(reward_stats),
+            values,
+            next_values,
+            traj.terminated,
+            traj.done,
+        )
+        return Rollout(
+            state=state._replace(reward_stats=reward_stats),
+            traj=traj,
+            advantages=advantages,
+            targets=targets,
+        )
 
-    def fit(loss_fn, tx, params, opt_state, batch: Batch, key, n_steps: int, batch_size: int, name: str):
+    def fit(
+        loss_fn, tx, params, opt_state, batch: Batch, key, n_steps: int, batch_size: int, name: str
+    ):
         """n_steps Adam steps of batch_size transitions, in passes over the shuffled rollout; pmean'd grads."""
         per_pass = layout.rollout_size // batch_size
         n_passes = -(-n_steps // per_pass)
-        shuffle = lambda k: jax.random.permutation(k, layout.rollout_size)[:per_pass * batch_size]  # noqa: E731
+        shuffle = lambda k: jax.random.permutation(k, layout.rollout_size)[: per_pass * batch_size]  # noqa: E731
         order = jax.vmap(shuffle)(jax.random.split(key, n_passes)).reshape(-1, batch_size)[:n_steps]
 
         def train_step(carry, idx):
@@ -408,42 +548,89 @@ def make_trainer(config: Config) -> run.Trainer:
 
     def epoch(state: RunnerState):
         collected = rollout(state)  # COLLECT and ADVANTAGES
-        state, traj, advantages, targets = collected.state, collected.traj, collected.advantages, collected.targets
+        state, traj, advantages, targets = (
+            collected.state,
+            collected.traj,
+            collected.advantages,
+            collected.targets,
+        )
 
         # UPDATE: the value net on V + A, then the policy on A (both from V before this update);
         # each network with its own steps, batch size and optimizer.
         flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
         obs = envs.normalize_obs(state.obs_stats, traj.obs)  # what the networks saw
-        batch = jax.tree.map(flat, Batch(obs=obs, action=traj.action, log_prob=traj.log_prob, advantage=advantages,
-                                         target=targets))
+        batch = jax.tree.map(
+            flat,
+            Batch(
+                obs=obs,
+                action=traj.action,
+                log_prob=traj.log_prob,
+                advantage=advantages,
+                target=targets,
+            ),
+        )
         key, value_key, policy_key = jax.random.split(state.key, 3)
         (value_params, value_opt_state), value_metrics = fit(
-            functools.partial(value_loss, config=config, value_scale=value_scale), value_tx, state.value_params,
-            state.value_opt_state, batch, value_key, config.value_train_steps,
-            config.value_batch_size // layout.n_devices, "value")
+            functools.partial(value_loss, config=config, value_scale=value_scale),
+            value_tx,
+            state.value_params,
+            state.value_opt_state,
+            batch,
+            value_key,
+            config.value_train_steps,
+            config.value_batch_size // layout.n_devices,
+            "value",
+        )
         (policy_params, policy_opt_state), policy_metrics = fit(
-            functools.partial(policy_loss, dist=dist, config=config), policy_tx, state.policy_params,
-            state.policy_opt_state, batch, policy_key, config.policy_steps,
-            config.policy_batch // layout.n_devices, "policy")
+            functools.partial(policy_loss, dist=dist, config=config),
+            policy_tx,
+            state.policy_params,
+            state.policy_opt_state,
+            batch,
+            policy_key,
+            config.policy_steps,
+            config.policy_batch // layout.n_devices,
+            "policy",
+        )
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in {**value_metrics, **policy_metrics}.items()}
-        metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)  # the mean mode of pi_old (greedy action)
+        metrics["policy/preferred_move"] = jnp.mean(
+            traj.greedy_action
+        )  # the mean mode of pi_old (greedy action)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(residual_metrics(advantages, targets))  # A = R - V over every device's batch
         metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
-        obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs)  # --normalize-obs: every device's obs join
-        return state._replace(policy_params=policy_params, value_params=value_params, obs_stats=obs_stats,
-                              policy_opt_state=policy_opt_state, value_opt_state=value_opt_state, key=key), metrics
+        obs_stats = envs.update_obs_stats(
+            state.obs_stats, traj.obs
+        )  # --normalize-obs: every device's obs join
+        return state._replace(
+            policy_params=policy_params,
+            value_params=value_params,
+            obs_stats=obs_stats,
+            policy_opt_state=policy_opt_state,
+            value_opt_state=value_opt_state,
+            key=key,
+        ), metrics
 
     def act(policy: envs.Policy, obs, key):
         del key  # greedy
-        inputs = policy_network(policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation)
+        inputs = policy_network(
+            policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation
+        )
         return dist.clip_action(dist.mode(inputs))
 
-    return run.Trainer(init=init, epoch=epoch, rollout=rollout, act=act, env=env, env_params=env_params,
-                       policy=lambda state: envs.Policy(params=state.policy_params, obs_stats=state.obs_stats),
-                       steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs)
+    return run.Trainer(
+        init=init,
+        epoch=epoch,
+        rollout=rollout,
+        act=act,
+        env=env,
+        env_params=env_params,
+        policy=lambda state: envs.Policy(params=state.policy_params, obs_stats=state.obs_stats),
+        steps_per_epoch=layout.steps_per_epoch,
+        num_epochs=layout.num_epochs,
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ bootstrapped from K actions of the behaviour policy mu; the policy weighs them b
     python algos/awr.py                          # CartPole-v1
     python algos/awr.py --q-value --n-samples 4  # Sampling AWR
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,7 +62,9 @@ class Config(cli.RunConfig):
     """discount"""
     td_lambda: float = 0.95
     """lambda of the TD(lambda) return"""
-    beta: float = 2.0  # 1.0: CartPole --q-value, 1 of 32 seeds fell to 145 late; 2.0: 0 of 32, and quicker
+    beta: float = (
+        2.0  # 1.0: CartPole --q-value, 1 of 32 seeds fell to 145 late; 2.0: 0 of 32, and quicker
+    )
     """temperature of the weights exp(A / beta)"""
     w_max: float = 20.0
     """upper clip of the weights"""
@@ -95,22 +98,51 @@ class Config(cli.RunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("num_envs", "num_steps", "policy_batch_size", "policy_steps", "value_batch_size"):
+        for name in (
+            "num_envs",
+            "num_steps",
+            "policy_batch_size",
+            "policy_steps",
+            "value_batch_size",
+        ):
             cli.require(getattr(self, name) >= 1, f"{cli.flag_name(name)} must be at least 1")
-        cli.require(min(self.n_replay_epochs, self.n_samples) >= 1, f"--n-replay-epochs {self.n_replay_epochs} "
-                    f"and --n-samples {self.n_samples}: use at least one epoch and one sample")
-        cli.require(self.q_value or self.n_samples == 1,
-                    f"--n-samples {self.n_samples} needs --q-value (plain AWR weights the taken action only)")
-        for name in ("reweight", "q_aggregate", "q_temperature", "q_normalization"):  # Sampling AWR's own flags
-            cli.require(self.q_value or getattr(self, name) == getattr(Config, name),
-                        f"{cli.flag_name(name)} applies to Sampling AWR: add --q-value")
-        cli.require(self.q_temperature > 0, f"--q-temperature {self.q_temperature}: use a positive value")
-        cli.require(min(self.beta, self.w_max, self.policy_lr, self.value_lr) > 0,
-                    "--beta, --w-max, --policy-lr and --value-lr must be positive")
-        cli.require(0 <= self.gamma <= 1 and 0 <= self.td_lambda <= 1, "--gamma and --td-lambda: use [0, 1]")
+        cli.require(
+            min(self.n_replay_epochs, self.n_samples) >= 1,
+            f"--n-replay-epochs {self.n_replay_epochs} "
+            f"and --n-samples {self.n_samples}: use at least one epoch and one sample",
+        )
+        cli.require(
+            self.q_value or self.n_samples == 1,
+            f"--n-samples {self.n_samples} needs --q-value (plain AWR weights the taken action only)",
+        )
+        for name in (
+            "reweight",
+            "q_aggregate",
+            "q_temperature",
+            "q_normalization",
+        ):  # Sampling AWR's own flags
+            cli.require(
+                self.q_value or getattr(self, name) == getattr(Config, name),
+                f"{cli.flag_name(name)} applies to Sampling AWR: add --q-value",
+            )
+        cli.require(
+            self.q_temperature > 0, f"--q-temperature {self.q_temperature}: use a positive value"
+        )
+        cli.require(
+            min(self.beta, self.w_max, self.policy_lr, self.value_lr) > 0,
+            "--beta, --w-max, --policy-lr and --value-lr must be positive",
+        )
+        cli.require(
+            0 <= self.gamma <= 1 and 0 <= self.td_lambda <= 1, "--gamma and --td-lambda: use [0, 1]"
+        )
         cli.require_non_negative(self, "max_grad_norm", "ent_coef")
-        cli.require(self.value_steps >= 0, f"--value-steps {self.value_steps}: use 1 or more (0: by the critic)")
-        cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
+        cli.require(
+            self.value_steps >= 0,
+            f"--value-steps {self.value_steps}: use 1 or more (0: by the critic)",
+        )
+        cli.require(
+            len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
+        )
 
 
 def policy_net(params: dict, obs: jax.Array, dist, activation: nets.Activation) -> jax.Array:
@@ -118,13 +150,26 @@ def policy_net(params: dict, obs: jax.Array, dist, activation: nets.Activation) 
     return dist.policy_head(params["head"], nets.torso(params["torso"], obs, activation))
 
 
-def critic_net(params: dict, obs: jax.Array, codes: jax.Array | None, activation: nets.Activation) -> jax.Array:
+def critic_net(
+    params: dict, obs: jax.Array, codes: jax.Array | None, activation: nets.Activation
+) -> jax.Array:
     """V(s) `[]`, or Q(s, a_k) `[K]` for action codes `[K, n_code]` (one-hot or flat continuous actions). Q's first
     layer is W [s; a] = W_s s + W_a a: W_s s is computed once per state, so K actions cost little more than one."""
-    n_conv = sum(layer["w"].ndim == 4 for layer in params["torso"])  # the convolution, if any, sees the state alone
-    x, (first, *rest) = nets.torso(params["torso"][:n_conv], obs, activation), params["torso"][n_conv:]
-    h = x @ first["w"][:x.size] + first["b"] + (0.0 if codes is None else codes @ first["w"][x.size:])  # [K, H]
-    h = jax.vmap(nets.torso, (None, 0, None))(rest, jnp.atleast_2d(nets.ACTIVATIONS[activation](h)), activation)
+    n_conv = sum(
+        layer["w"].ndim == 4 for layer in params["torso"]
+    )  # the convolution, if any, sees the state alone
+    x, (first, *rest) = (
+        nets.torso(params["torso"][:n_conv], obs, activation),
+        params["torso"][n_conv:],
+    )
+    h = (
+        x @ first["w"][: x.size]
+        + first["b"]
+        + (0.0 if codes is None else codes @ first["w"][x.size :])
+    )  # [K, H]
+    h = jax.vmap(nets.torso, (None, 0, None))(
+        rest, jnp.atleast_2d(nets.ACTIVATIONS[activation](h)), activation
+    )
     q = (h @ params["out"]["w"] + params["out"]["b"])[:, 0]
     return q[0] if codes is None else q
 
@@ -137,7 +182,9 @@ class Transition(NamedTuple):
     done: jax.Array  # terminated or truncated: the lambda-trace stops
     final_obs: jax.Array  # s_{t+1} before any reset (bootstraps truncated episodes)
     inputs: jax.Array  # behaviour policy mu(.|s_t): distribution inputs at collection
-    next_inputs: jax.Array  # mu(.|s_{t+1}) at final_obs, for the Q bootstrap's samples (set after COLLECT's scan)
+    next_inputs: (
+        jax.Array
+    )  # mu(.|s_{t+1}) at final_obs, for the Q bootstrap's samples (set after COLLECT's scan)
 
 
 class Replay(NamedTuple):
@@ -156,8 +203,12 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
     key: jax.Array  # differs per device
-    obs_stats: envs.ObsStats | None  # --normalize-obs: what the networks normalize with; None (no arrays) if off
-    reward_stats: envs.RewardStats | None  # the discounted returns' statistics; --no-normalize-reward: None
+    obs_stats: (
+        envs.ObsStats | None
+    )  # --normalize-obs: what the networks normalize with; None (no arrays) if off
+    reward_stats: (
+        envs.RewardStats | None
+    )  # the discounted returns' statistics; --no-normalize-reward: None
 
 
 class Targets(NamedTuple):
@@ -167,10 +218,14 @@ class Targets(NamedTuple):
     actions: jax.Array  # [N, K, ...] the taken action (plain AWR), or the K actions per state
     log_mu: jax.Array  # [N, K] log mu(a_k|s) (plain AWR: 0)
     q: jax.Array  # [N, K] Q(s, a_k) (plain AWR: V(s))
-    advantages: jax.Array  # [N, K] G - V(s) or Q(s, a_k) - V(s), standardized (unless --no-normalize-advantages)
+    advantages: (
+        jax.Array
+    )  # [N, K] G - V(s) or Q(s, a_k) - V(s), standardized (unless --no-normalize-advantages)
     weights: jax.Array  # [N, K] min(exp(A / beta), w_max)
     mask: jax.Array  # [N, K] m_k: mu(a_k|s) when every action is enumerated, else 1
-    metrics: dict  # awr/* and q/mean over the valid rows of every device (awr/weight_max: their maximum)
+    metrics: (
+        dict  # awr/* and q/mean over the valid rows of every device (awr/weight_max: their maximum)
+    )
 
 
 class Rollout(NamedTuple):
@@ -179,7 +234,9 @@ class Rollout(NamedTuple):
     runner: RunnerState
     traj: Transition  # [T, B, ...] this epoch's steps as collected (raw observations)
     rows: Transition  # [N, ...] the replay, observations and rewards normalized with the current statistics
-    returns: jax.Array  # [N] what the critic regressed on: the returns of the critic before its update
+    returns: (
+        jax.Array
+    )  # [N] what the critic regressed on: the returns of the critic before its update
     targets: Targets  # the policy's: from the critic just updated (plain AWR) or the target copy (Sampling AWR)
     critic_metrics: dict  # per critic step: loss/value, optim/value_grad_norm
     policy_key: jax.Array
@@ -190,14 +247,19 @@ def td_lambda(rewards, next_values, terminated, dones, gamma: float, lam: float)
     gamma_t = gamma (1 - terminated_t), lam_t = lam (1 - done_t), s'_t the observation after step t before any reset
     (a truncated episode bootstraps from it), G_T = V(s'_{T-1}). lam = 1: Monte-Carlo in the rollout; 0: TD(0)."""
     chex.assert_rank(rewards, 2), chex.assert_equal_shape([rewards, next_values, terminated, dones])
-    discount, trace = gamma * (1.0 - terminated.astype(jnp.float32)), lam * (1.0 - dones.astype(jnp.float32))
+    discount, trace = (
+        gamma * (1.0 - terminated.astype(jnp.float32)),
+        lam * (1.0 - dones.astype(jnp.float32)),
+    )
 
     def backward(next_return, x):
-        r, v_next, g, l = x
-        ret = r + g * ((1.0 - l) * v_next + l * next_return)
+        r, v_next, g, trace_t = x
+        ret = r + g * ((1.0 - trace_t) * v_next + trace_t * next_return)
         return ret, ret
 
-    _, returns = jax.lax.scan(backward, next_values[-1], (rewards, next_values, discount, trace), reverse=True)
+    _, returns = jax.lax.scan(
+        backward, next_values[-1], (rewards, next_values, discount, trace), reverse=True
+    )
     return returns
 
 
@@ -216,7 +278,7 @@ def q_scale(q, valid, normalization: str):
     count = psum(valid.astype(jnp.float32)) * q.shape[1]
     deviation = jnp.where(valid[:, None], q - psum(jnp.where(valid[:, None], q, 0.0)) / count, 0.0)
     if normalization == "std":
-        return jnp.sqrt(psum(deviation ** 2) / count) + 1e-5
+        return jnp.sqrt(psum(deviation**2) / count) + 1e-5
     return psum(jnp.abs(deviation)) / count + 1e-5
 
 
@@ -246,7 +308,11 @@ def sample_actions(dist, inputs, key, n_samples: int, enumerate_all: bool):
     `enumerate_all`: every discrete action once, a_k = k."""
     chex.assert_rank(inputs, 2)
     inputs = jnp.broadcast_to(inputs[:, None], (inputs.shape[0], n_samples, inputs.shape[1]))
-    actions = jnp.broadcast_to(jnp.arange(n_samples), inputs.shape[:2]) if enumerate_all else dist.sample(inputs, key)
+    actions = (
+        jnp.broadcast_to(jnp.arange(n_samples), inputs.shape[:2])
+        if enumerate_all
+        else dist.sample(inputs, key)
+    )
     return actions, dist.log_prob(inputs, actions)
 
 
@@ -254,7 +320,11 @@ def replay_push(replay: Replay, epoch_data: Transition) -> Replay:
     """Writes one epoch into the oldest slot of the ring buffer."""
     capacity = replay.data.reward.shape[0]
     data = jax.tree.map(lambda slots, x: slots.at[replay.position].set(x), replay.data, epoch_data)
-    return Replay(data=data, position=(replay.position + 1) % capacity, filled=jnp.minimum(replay.filled + 1, capacity))
+    return Replay(
+        data=data,
+        position=(replay.position + 1) % capacity,
+        filled=jnp.minimum(replay.filled + 1, capacity),
+    )
 
 
 def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Config):
@@ -271,68 +341,141 @@ def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Confi
     entropy = jnp.mean(dist.entropy(inputs))
     weighted = jnp.sum(weights * mask * log_pi, axis=1) / jnp.sum(mask, axis=1)
     loss = -jnp.mean(weighted) - config.ent_coef * entropy
-    return loss, {"loss/policy": loss, "policy/entropy": entropy, "policy/log_prob_mean": jnp.mean(log_pi)}
+    return loss, {
+        "loss/policy": loss,
+        "policy/entropy": entropy,
+        "policy/log_prob_mean": jnp.mean(log_pi),
+    }
 
 
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     layout = devices.layout(config)
-    B, T, capacity, K = layout.envs_per_device, config.num_steps, config.n_replay_epochs, config.n_samples
-    cli.require(not config.q_value or K > 1 or (dist.discrete and dist.n == 1), "--q-value with --n-samples 1 "
-                "learns nothing: every advantage Q(s, a_1) - mean_k Q(s, a_k) is 0; use --n-samples 2 or more"
-                + (f" ({dist.n} enumerates every action of {config.env})" if dist.discrete else ""))
-    n_rows = capacity * layout.rollout_size  # N = m T B rows of one device's replay: its batches are drawn there
+    B, T, capacity, K = (
+        layout.envs_per_device,
+        config.num_steps,
+        config.n_replay_epochs,
+        config.n_samples,
+    )
+    cli.require(
+        not config.q_value or K > 1 or (dist.discrete and dist.n == 1),
+        "--q-value with --n-samples 1 "
+        "learns nothing: every advantage Q(s, a_1) - mean_k Q(s, a_k) is 0; use --n-samples 2 or more"
+        + (f" ({dist.n} enumerates every action of {config.env})" if dist.discrete else ""),
+    )
+    n_rows = (
+        capacity * layout.rollout_size
+    )  # N = m T B rows of one device's replay: its batches are drawn there
     for name in ("policy_batch_size", "value_batch_size"):
-        cli.require(getattr(config, name) <= n_rows, f"{cli.flag_name(name)} {getattr(config, name)} is larger than"
-                    f" the replay: {capacity} epochs x {B} envs x {T} steps = {n_rows} transitions per device; use "
-                    f"at most {n_rows}")
+        cli.require(
+            getattr(config, name) <= n_rows,
+            f"{cli.flag_name(name)} {getattr(config, name)} is larger than"
+            f" the replay: {capacity} epochs x {B} envs x {T} steps = {n_rows} transitions per device; use "
+            f"at most {n_rows}",
+        )
     # K >= A discrete actions: each once, weighted by mu(a|s). Sampled, a near-deterministic mu gives K copies of one
     # action, every A_k = 0, and the policy never leaves it (CartPole, K = 4: 2 of 32 at 9; enumerated: 0 of 40).
     enumerate_all = config.q_value and dist.discrete and K >= dist.n
     K = dist.n if enumerate_all else K
 
     def optimizer(lr: float, schedule: str, n_steps: int):
-        lr = optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps) if schedule == "linear" else lr
-        clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
+        lr = (
+            optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps)
+            if schedule == "linear"
+            else lr
+        )
+        clip = (
+            optax.identity()
+            if cli.off(config.max_grad_norm)
+            else optax.clip_by_global_norm(config.max_grad_norm)
+        )
         return optax.chain(clip, optax.adam(lr))
 
     policy_tx = optimizer(config.policy_lr, config.policy_lr_schedule, config.policy_steps)
     value_steps = config.value_steps or (128 if config.q_value else 32)
     critic_tx = optimizer(config.value_lr, config.value_lr_schedule, value_steps)
-    pi = lambda params, obs: jax.vmap(policy_net, (None, 0, None, None))(params, obs, dist, config.activation)  # noqa
 
-    def critic(params, obs, actions=None):  # [N, ...] -> V [N]; with actions [N, K, ...] (one-hot if discrete) Q [N, K]
-        codes = None if actions is None else jax.nn.one_hot(actions, dist.n) if dist.discrete else (
-            actions.reshape(actions.shape[:2] + (-1,)).astype(jnp.float32))
-        return jax.vmap(critic_net, (None, 0, None if codes is None else 0, None))(params, obs, codes, config.activation)
+    def pi(params, obs):
+        return jax.vmap(policy_net, (None, 0, None, None))(params, obs, dist, config.activation)
+
+    def critic(
+        params, obs, actions=None
+    ):  # [N, ...] -> V [N]; with actions [N, K, ...] (one-hot if discrete) Q [N, K]
+        codes = (
+            None
+            if actions is None
+            else jax.nn.one_hot(actions, dist.n)
+            if dist.discrete
+            else (actions.reshape(actions.shape[:2] + (-1,)).astype(jnp.float32))
+        )
+        return jax.vmap(critic_net, (None, 0, None if codes is None else 0, None))(
+            params, obs, codes, config.activation
+        )
 
     def env_step(state: RunnerState, _):
         key, act_key, step_key = jax.random.split(state.key, 3)
         inputs = pi(state.policy, envs.normalize_obs(state.obs_stats, state.obs))
         action = dist.sample(inputs, act_key)
         obs, env_state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
-            jax.random.split(step_key, B), state.env_state, dist.clip_action(action), env_params)
+            jax.random.split(step_key, B), state.env_state, dist.clip_action(action), env_params
+        )
         done = jnp.logical_or(terminated, truncated)
-        transition = Transition(obs=state.obs, action=action, reward=reward, terminated=terminated, done=done,
-                                final_obs=info["final_observation"], inputs=inputs, next_inputs=inputs)
+        transition = Transition(
+            obs=state.obs,
+            action=action,
+            reward=reward,
+            terminated=terminated,
+            done=done,
+            final_obs=info["final_observation"],
+            inputs=inputs,
+            next_inputs=inputs,
+        )
         stats = envs.update_episode_stats(state.episode_stats, reward, done)
-        return state._replace(env_state=env_state, obs=obs, episode_stats=stats, key=key), transition
+        return state._replace(
+            env_state=env_state, obs=obs, episode_stats=stats, key=key
+        ), transition
 
     def init(key):
-        policy_key, head_key, critic_key, out_key, env_key = jax.random.split(key, 5)  # same on every device
+        policy_key, head_key, critic_key, out_key, env_key = jax.random.split(
+            key, 5
+        )  # same on every device
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, B)
-        torso = lambda k, extra: nets.torso_init(jax.random.split(k, len(config.hidden)), obs.shape[1:],  # noqa
-                                                 config.hidden, nets.uses_conv(config.torso, obs.shape[1:]), extra)
-        policy = {"torso": torso(policy_key, 0), "head": dist.head_init(head_key, config.hidden[-1])}
-        code_dim = (dist.n if dist.discrete else dist.d) if config.q_value else 0  # Q(s, a): the action's input
-        critic_params = {"torso": torso(critic_key, code_dim), "out": nets.dense_init(out_key, config.hidden[-1], 1, 1)}
-        state = RunnerState(policy=policy, critic=critic_params, policy_opt=policy_tx.init(policy),
-                            critic_opt=critic_tx.init(critic_params), replay=None, env_state=env_state, obs=obs,
-                            episode_stats=envs.init_episode_stats(B), key=run_key,
-                            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
-                            reward_stats=envs.init_reward_stats(B) if not config.no_normalize_reward else None)
+
+        def torso(k, extra):
+            return nets.torso_init(
+                jax.random.split(k, len(config.hidden)),
+                obs.shape[1:],
+                config.hidden,
+                nets.uses_conv(config.torso, obs.shape[1:]),
+                extra,
+            )
+
+        policy = {
+            "torso": torso(policy_key, 0),
+            "head": dist.head_init(head_key, config.hidden[-1]),
+        }
+        code_dim = (
+            (dist.n if dist.discrete else dist.d) if config.q_value else 0
+        )  # Q(s, a): the action's input
+        critic_params = {
+            "torso": torso(critic_key, code_dim),
+            "out": nets.dense_init(out_key, config.hidden[-1], 1, 1),
+        }
+        state = RunnerState(
+            policy=policy,
+            critic=critic_params,
+            policy_opt=policy_tx.init(policy),
+            critic_opt=critic_tx.init(critic_params),
+            replay=None,
+            env_state=env_state,
+            obs=obs,
+            episode_stats=envs.init_episode_stats(B),
+            key=run_key,
+            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
+            reward_stats=envs.init_reward_stats(B) if not config.no_normalize_reward else None,
+        )
         step = jax.eval_shape(env_step, state, None)[1]  # the Transition one step records: [B, ...]
         slots = jax.tree.map(lambda x: jnp.zeros((capacity, T) + x.shape, x.dtype), step)
         return state._replace(replay=Replay(data=slots, position=jnp.int32(0), filled=jnp.int32(0)))
@@ -344,36 +487,77 @@ def make_trainer(config: Config) -> run.Trainer:
         """What the critic `critic_params` makes of the replay `rows` `[N, ...]` (`valid` `[N]`: those holding data)."""
         if config.q_value:
             key, next_key = jax.random.split(key)
-            actions, log_mu = sample_actions(dist, rows.inputs, key, K, enumerate_all)  # [N, K, ...], [N, K]
-            next_actions, next_log_mu = sample_actions(dist, rows.next_inputs, next_key, K, enumerate_all)
-            q, next_q = critic(critic_params, rows.obs, actions), critic(critic_params, rows.final_obs, next_actions)
-            next_values = aggregate_q(next_q, next_log_mu, config.q_aggregate, config.q_temperature, enumerate_all,
-                                      q_scale(next_q, valid, config.q_normalization))
+            actions, log_mu = sample_actions(
+                dist, rows.inputs, key, K, enumerate_all
+            )  # [N, K, ...], [N, K]
+            next_actions, next_log_mu = sample_actions(
+                dist, rows.next_inputs, next_key, K, enumerate_all
+            )
+            q, next_q = (
+                critic(critic_params, rows.obs, actions),
+                critic(critic_params, rows.final_obs, next_actions),
+            )
+            next_values = aggregate_q(
+                next_q,
+                next_log_mu,
+                config.q_aggregate,
+                config.q_temperature,
+                enumerate_all,
+                q_scale(next_q, valid, config.q_normalization),
+            )
             # V(s) = mean_k Q, or sum_k mu_k Q_k when enumerated (a scale would cancel)
             values = aggregate_q(q, log_mu, "mean", config.q_temperature, enumerate_all)
         else:  # the taken action, and V(s) in Q's place
             actions, log_mu = rows.action[:, None], jnp.zeros((n_rows, 1))
-            values, next_values = critic(critic_params, rows.obs), critic(critic_params, rows.final_obs)
+            values, next_values = (
+                critic(critic_params, rows.obs),
+                critic(critic_params, rows.final_obs),
+            )
             q = values[:, None]
-        returns = jax.vmap(td_lambda, (0, 0, 0, 0, None, None))(  # each stored epoch is its own [T, B] rollout
-            *(x.reshape((capacity, T, B)) for x in (rows.reward, next_values, rows.terminated, rows.done)),
-            config.gamma, config.td_lambda).reshape(-1)
+        returns = jax.vmap(
+            td_lambda, (0, 0, 0, 0, None, None)
+        )(  # each stored epoch is its own [T, B] rollout
+            *(
+                x.reshape((capacity, T, B))
+                for x in (rows.reward, next_values, rows.terminated, rows.done)
+            ),
+            config.gamma,
+            config.td_lambda,
+        ).reshape(-1)
         advantages = q - values[:, None] if config.q_value else (returns - values)[:, None]
         mean = jax.lax.pmean(masked_mean(advantages, valid), devices.DEVICE_AXIS)
         var = jax.lax.pmean(masked_mean((advantages - mean) ** 2, valid), devices.DEVICE_AXIS)
         if not config.no_normalize_advantages:
             advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
         weights = awr_weights(advantages, config.beta, config.w_max)
-        metrics = {"awr/advantage_mean": mean, "awr/advantage_std": jnp.sqrt(var),  # before standardizing
-                   "awr/weight_mean": masked_mean(weights, valid),
-                   "awr/weight_max": jax.lax.pmax(jnp.max(jnp.where(valid[:, None], weights, 0.0)), devices.DEVICE_AXIS),
-                   "awr/weight_clipped_fraction": masked_mean(advantages / config.beta >= jnp.log(config.w_max), valid),
-                   **({"q/mean": masked_mean(q, valid)} if config.q_value else {})}
-        return Targets(returns=returns, actions=actions, log_mu=log_mu, q=q, advantages=advantages, weights=weights,
-                       mask=jnp.exp(log_mu) if enumerate_all else jnp.ones_like(log_mu), metrics=metrics)
+        metrics = {
+            "awr/advantage_mean": mean,
+            "awr/advantage_std": jnp.sqrt(var),  # before standardizing
+            "awr/weight_mean": masked_mean(weights, valid),
+            "awr/weight_max": jax.lax.pmax(
+                jnp.max(jnp.where(valid[:, None], weights, 0.0)), devices.DEVICE_AXIS
+            ),
+            "awr/weight_clipped_fraction": masked_mean(
+                advantages / config.beta >= jnp.log(config.w_max), valid
+            ),
+            **({"q/mean": masked_mean(q, valid)} if config.q_value else {}),
+        }
+        return Targets(
+            returns=returns,
+            actions=actions,
+            log_mu=log_mu,
+            q=q,
+            advantages=advantages,
+            weights=weights,
+            mask=jnp.exp(log_mu) if enumerate_all else jnp.ones_like(log_mu),
+            metrics=metrics,
+        )
 
-    def minibatch_steps(net: str, loss_fn, tx, params, opt_state, key, n_steps: int, batch_size: int, n_valid):
+    def minibatch_steps(
+        net: str, loss_fn, tx, params, opt_state, key, n_steps: int, batch_size: int, n_valid
+    ):
         """n_steps Adam steps on batch_size rows drawn from the first n_valid, gradients averaged over devices."""
+
         def step(carry, key):
             params, opt_state = carry
             idx = jax.random.randint(key, (batch_size,), 0, n_valid)
@@ -382,6 +566,7 @@ def make_trainer(config: Config) -> run.Trainer:
             updates, opt_state = tx.update(grads, opt_state, params)
             metrics = {**aux, f"optim/{net}_grad_norm": optax.tree.norm(grads)}
             return (optax.apply_updates(params, updates), opt_state), metrics
+
         return jax.lax.scan(step, (params, opt_state), jax.random.split(key, n_steps))
 
     def rollout(state: RunnerState) -> Rollout:
@@ -389,15 +574,26 @@ def make_trainer(config: Config) -> run.Trainer:
         # COLLECT: T steps of B environments under the current policy (the behaviour policy mu).
         state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
         state, traj = jax.lax.scan(env_step, state, None, T)
-        if config.q_value:  # mu(.|s'_t): the policy is fixed during the rollout, so one batched call
-            traj = traj._replace(next_inputs=jax.vmap(pi, (None, 0))(state.policy, norm(traj.final_obs)))
+        if (
+            config.q_value
+        ):  # mu(.|s'_t): the policy is fixed during the rollout, so one batched call
+            traj = traj._replace(
+                next_inputs=jax.vmap(pi, (None, 0))(state.policy, norm(traj.final_obs))
+            )
 
         # STORE: the epoch overwrites the oldest slot; minibatches draw from the first n_valid rows (the rest is empty).
-        reward_stats = envs.update_reward_stats(state.reward_stats, traj.reward, traj.done, config.gamma)
+        reward_stats = envs.update_reward_stats(
+            state.reward_stats, traj.reward, traj.done, config.gamma
+        )
         state = state._replace(replay=replay_push(state.replay, traj), reward_stats=reward_stats)
-        rows = jax.tree.map(lambda x: x.reshape((n_rows,) + x.shape[3:]), state.replay.data)  # [N, ...]
-        rows = rows._replace(obs=norm(rows.obs), final_obs=norm(rows.final_obs),  # rewards / the return std now
-                             reward=rows.reward / envs.reward_scale(reward_stats))
+        rows = jax.tree.map(
+            lambda x: x.reshape((n_rows,) + x.shape[3:]), state.replay.data
+        )  # [N, ...]
+        rows = rows._replace(
+            obs=norm(rows.obs),
+            final_obs=norm(rows.final_obs),  # rewards / the return std now
+            reward=rows.reward / envs.reward_scale(reward_stats),
+        )
         n_valid = state.replay.filled * layout.rollout_size
         valid = jnp.arange(n_rows) < n_valid
         key, target_key, critic_key, policy_key = jax.random.split(state.key, 4)
@@ -407,43 +603,83 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # CRITIC: L2 regression of V(s_t), or Q(s_t, a_t) on the taken action, on the returns.
         def critic_loss(params, idx):
-            pred = critic(params, rows.obs[idx], rows.action[idx][:, None] if config.q_value else None).reshape(-1)
+            pred = critic(
+                params, rows.obs[idx], rows.action[idx][:, None] if config.q_value else None
+            ).reshape(-1)
             loss = jnp.mean((pred - targets.returns[idx]) ** 2)
             return loss, {"loss/value": loss}
 
         (critic_params, critic_opt), critic_metrics = minibatch_steps(
-            "value", critic_loss, critic_tx, state.critic, state.critic_opt, critic_key, value_steps,
-            config.value_batch_size, n_valid)
+            "value",
+            critic_loss,
+            critic_tx,
+            state.critic,
+            state.critic_opt,
+            critic_key,
+            value_steps,
+            config.value_batch_size,
+            n_valid,
+        )
         # Plain AWR's policy weighs A = G - V of the critic just updated; Sampling AWR's the target copy's A_k.
-        return Rollout(runner=state._replace(critic=critic_params, critic_opt=critic_opt, key=key), traj=traj,
-                       rows=rows, returns=targets.returns, critic_metrics=critic_metrics, policy_key=policy_key,
-                       targets=targets if config.q_value else targets_of(critic_params, rows, valid, target_key))
+        return Rollout(
+            runner=state._replace(critic=critic_params, critic_opt=critic_opt, key=key),
+            traj=traj,
+            rows=rows,
+            returns=targets.returns,
+            critic_metrics=critic_metrics,
+            policy_key=policy_key,
+            targets=targets
+            if config.q_value
+            else targets_of(critic_params, rows, valid, target_key),
+        )
 
     def epoch(state: RunnerState):
         r = rollout(state)  # COLLECT, STORE, TARGETS, CRITIC
         state, t, n_valid = r.runner, r.targets, r.runner.replay.filled * layout.rollout_size
 
         # POLICY: weighted log-likelihood of the K actions per state.
-        batch = lambda idx: (r.rows.obs[idx], t.actions[idx], t.weights[idx], t.mask[idx], t.log_mu[idx])  # noqa
+        def batch(idx):
+            return r.rows.obs[idx], t.actions[idx], t.weights[idx], t.mask[idx], t.log_mu[idx]
+
         (policy, policy_opt), policy_metrics = minibatch_steps(
-            "policy", lambda p, idx: policy_loss(p, *batch(idx), dist, config), policy_tx, state.policy,
-            state.policy_opt, r.policy_key, config.policy_steps, config.policy_batch_size, n_valid)
+            "policy",
+            lambda p, idx: policy_loss(p, *batch(idx), dist, config),
+            policy_tx,
+            state.policy,
+            state.policy_opt,
+            r.policy_key,
+            config.policy_steps,
+            config.policy_batch_size,
+            n_valid,
+        )
 
         # METRICS: scalar means over the update steps, the targets' statistics, the transitions stored (all devices).
         metrics = {k: jnp.mean(v) for k, v in {**policy_metrics, **r.critic_metrics}.items()}
         size = (n_valid * layout.n_devices).astype(jnp.float32)
         metrics = jax.lax.pmean({**metrics, **t.metrics, "replay/size": size}, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
-        obs_stats = envs.update_obs_stats(state.obs_stats, r.traj.obs) if config.normalize_obs else None
+        obs_stats = (
+            envs.update_obs_stats(state.obs_stats, r.traj.obs) if config.normalize_obs else None
+        )
         return state._replace(policy=policy, policy_opt=policy_opt, obs_stats=obs_stats), metrics
 
     def act(policy: envs.Policy, obs, key):  # greedy: no key needed
-        inputs = policy_net(policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation)
+        inputs = policy_net(
+            policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation
+        )
         return dist.clip_action(dist.mode(inputs))
 
-    return run.Trainer(init=init, epoch=epoch, act=act, env=env, env_params=env_params,
-                       policy=lambda s: envs.Policy(params=s.policy, obs_stats=s.obs_stats),
-                       steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs, rollout=rollout)
+    return run.Trainer(
+        init=init,
+        epoch=epoch,
+        act=act,
+        env=env,
+        env_params=env_params,
+        policy=lambda s: envs.Policy(params=s.policy, obs_stats=s.obs_stats),
+        steps_per_epoch=layout.steps_per_epoch,
+        num_epochs=layout.num_epochs,
+        rollout=rollout,
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ not stored twice: it is the next row's, the newest row's is kept beside the
 ring, and only an episode cut by its time limit keeps its final observation,
 in a ring of a few slots per environment (one per time limit the ring spans).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -89,26 +90,40 @@ class Config(cli.RunConfig):
         for name in ("num_envs", "num_steps", "update_steps", "batch_size", "n_replay_epochs"):
             cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         cli.require(self.n_step >= 1, f"--n-step {self.n_step}: use 1 (one-step targets) or more")
-        cli.require(self.sync_freq >= 1, f"--sync-freq {self.sync_freq}: use 1 (sync after every "
-                                         f"gradient step) or more")
+        cli.require(
+            self.sync_freq >= 1,
+            f"--sync-freq {self.sync_freq}: use 1 (sync after every gradient step) or more",
+        )
         held = self.capacity * self.num_envs  # transitions of a full replay, all devices together
-        cli.require(held >= self.batch_size,
-                    f"--n-replay-epochs {self.n_replay_epochs}: the replay holds {held} transitions "
-                    f"({self.n_replay_epochs} epochs x {self.num_envs} envs x {self.num_steps} steps), fewer "
-                    f"than --batch-size {self.batch_size}; keep more epochs or use a smaller batch")
-        cli.require(self.n_step <= self.capacity,
-                    f"--n-step {self.n_step} is longer than the replay's {self.capacity} "
-                    f"steps per environment; use a smaller --n-step or more --n-replay-epochs")
+        cli.require(
+            held >= self.batch_size,
+            f"--n-replay-epochs {self.n_replay_epochs}: the replay holds {held} transitions "
+            f"({self.n_replay_epochs} epochs x {self.num_envs} envs x {self.num_steps} steps), fewer "
+            f"than --batch-size {self.batch_size}; keep more epochs or use a smaller batch",
+        )
+        cli.require(
+            self.n_step <= self.capacity,
+            f"--n-step {self.n_step} is longer than the replay's {self.capacity} "
+            f"steps per environment; use a smaller --n-step or more --n-replay-epochs",
+        )
         cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
-        cli.require(self.gamma < 1 or not self.scale_value_targets,
-                    "--scale-value-targets divides by 1 - gamma: use --gamma below 1")
-        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
+        cli.require(
+            self.gamma < 1 or not self.scale_value_targets,
+            "--scale-value-targets divides by 1 - gamma: use --gamma below 1",
+        )
+        cli.require(
+            self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
+        )
         for name in ("eps_start", "eps_min"):
             value = getattr(self, name)
-            cli.require(0 <= value <= 1, f"--{name.replace('_', '-')} {value}: use a value in [0, 1]")
+            cli.require(
+                0 <= value <= 1, f"--{name.replace('_', '-')} {value}: use a value in [0, 1]"
+            )
         cli.require(0 < self.eps_decay <= 1, f"--eps-decay {self.eps_decay}: use a value in (0, 1]")
-        cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
+        cli.require(
+            len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
+        )
 
     @property
     def capacity(self) -> int:
@@ -121,8 +136,10 @@ class Config(cli.RunConfig):
 # ----------------------------------------------------------------------------
 def init_network(key, obs_shape: tuple, hidden: tuple, n_actions: int, conv: bool = False) -> dict:
     keys = jax.random.split(key, len(hidden) + 1)
-    return {"body": nets.torso_init(keys[:-1], obs_shape, hidden, conv),
-            "head": nets.dense_init(keys[-1], hidden[-1], n_actions, 1.0)}
+    return {
+        "body": nets.torso_init(keys[:-1], obs_shape, hidden, conv),
+        "head": nets.dense_init(keys[-1], hidden[-1], n_actions, 1.0),
+    }
 
 
 def network(params: dict, obs: jax.Array, activation: nets.Activation) -> jax.Array:
@@ -152,7 +169,9 @@ class Row(NamedTuple):
     reward: jax.Array
     terminated: jax.Array
     done: jax.Array
-    final_slot: jax.Array  # truncated (and not terminated): its final observation's slot in Replay.final; else -1
+    final_slot: (
+        jax.Array
+    )  # truncated (and not terminated): its final observation's slot in Replay.final; else -1
 
 
 class Replay(NamedTuple):
@@ -164,8 +183,12 @@ class Replay(NamedTuple):
 
     data: Row  # [capacity, B, ...]
     next_obs: jax.Array  # [B, *obs_shape] s_{t+1} of the newest row (after any reset)
-    final: jax.Array  # [n_final, B, *obs_shape] final observations of truncated episodes, a ring per environment
-    n_truncated: jax.Array  # [B] truncations stored so far: the next one goes to slot n_truncated % n_final
+    final: (
+        jax.Array
+    )  # [n_final, B, *obs_shape] final observations of truncated episodes, a ring per environment
+    n_truncated: (
+        jax.Array
+    )  # [B] truncations stored so far: the next one goes to slot n_truncated % n_final
     position: jax.Array  # [] the next row to write
     filled: jax.Array  # [] rows holding data (at most capacity)
 
@@ -219,7 +242,7 @@ def n_step_return(rewards, terminated, cut, gamma: float) -> NStep:
     k = jnp.arange(rewards.shape[1])
     last = jnp.argmax(jnp.logical_or(cut, k == k[-1]), axis=1)  # the first cut, or the window's end
     inside = (k[None, :] <= last[:, None]).astype(jnp.float32)
-    returns = jnp.sum(gamma ** k * rewards * inside, axis=1)
+    returns = jnp.sum(gamma**k * rewards * inside, axis=1)
     ended = jnp.take_along_axis(terminated, last[:, None], axis=1)[:, 0]
     discount = gamma ** (last + 1.0) * (1.0 - ended.astype(jnp.float32))
     return NStep(returns=returns, discount=discount, last=last)
@@ -238,7 +261,7 @@ def td_loss(q, targets, kind: str):
     chex.assert_rank([q, targets], 1)
     chex.assert_equal_shape([q, targets])
     error = q - targets
-    return jnp.mean({"huber": optax.huber_loss(error, delta=1.0), "l2": error ** 2}[kind])
+    return jnp.mean({"huber": optax.huber_loss(error, delta=1.0), "l2": error**2}[kind])
 
 
 def dqn_loss(params, target_params, batch: Batch, config: Config):
@@ -252,7 +275,8 @@ def dqn_loss(params, target_params, batch: Batch, config: Config):
     q_next = q_values(target_params, batch.boot_obs)
     q_online = q_values(params, batch.boot_obs) if config.double_dqn else q_next
     targets = jax.lax.stop_gradient(
-        batch.returns + batch.discount * bootstrap_value(q_next, q_online, config.double_dqn))
+        batch.returns + batch.discount * bootstrap_value(q_next, q_online, config.double_dqn)
+    )
     q = jnp.take_along_axis(q_values(params, batch.obs), batch.action[:, None], axis=-1)[:, 0]
     loss = td_loss(q / scale, targets / scale, config.loss)
     return loss, {"loss/value": loss, "q/mean": jnp.mean(q), "q/target_mean": jnp.mean(targets)}
@@ -262,30 +286,64 @@ def init_replay(capacity: int, n_final: int, obs: jax.Array) -> Replay:
     """An empty replay for the environments' first observations `obs` `[B, *obs_shape]`."""
     zeros = lambda shape, dtype: jnp.zeros((capacity,) + shape, dtype)  # noqa: E731
     n_envs = obs.shape[0]
-    data = Row(obs=zeros(obs.shape, obs.dtype), action=zeros((n_envs,), jnp.int32),
-               reward=zeros((n_envs,), jnp.float32), terminated=zeros((n_envs,), jnp.bool_),
-               done=zeros((n_envs,), jnp.bool_), final_slot=zeros((n_envs,), jnp.int32))
+    data = Row(
+        obs=zeros(obs.shape, obs.dtype),
+        action=zeros((n_envs,), jnp.int32),
+        reward=zeros((n_envs,), jnp.float32),
+        terminated=zeros((n_envs,), jnp.bool_),
+        done=zeros((n_envs,), jnp.bool_),
+        final_slot=zeros((n_envs,), jnp.int32),
+    )
     zero = jnp.int32(0)
-    return Replay(data=data, next_obs=obs, final=jnp.zeros((n_final,) + obs.shape, obs.dtype),
-                  n_truncated=jnp.zeros((n_envs,), jnp.int32), position=zero, filled=zero)
+    return Replay(
+        data=data,
+        next_obs=obs,
+        final=jnp.zeros((n_final,) + obs.shape, obs.dtype),
+        n_truncated=jnp.zeros((n_envs,), jnp.int32),
+        position=zero,
+        filled=zero,
+    )
 
 
 def replay_push(replay: Replay, rollout: Transition, next_obs: jax.Array) -> Replay:
     """`replay` with a `[T, B, ...]` rollout written at its position (capacity a multiple of T, position of T);
     `next_obs` `[B, ...]` follows its last step. Truncated steps' final observations go to their slots."""
     chex.assert_rank([replay.data.reward, rollout.reward], 2)
-    capacity, n_rows, n_final = replay.data.reward.shape[0], rollout.reward.shape[0], replay.final.shape[0]
+    capacity, n_rows, n_final = (
+        replay.data.reward.shape[0],
+        rollout.reward.shape[0],
+        replay.final.shape[0],
+    )
     truncated = rollout.done & ~rollout.terminated  # [T, B]
-    count = replay.n_truncated + jnp.cumsum(truncated, axis=0) - truncated  # truncations before each step
+    count = (
+        replay.n_truncated + jnp.cumsum(truncated, axis=0) - truncated
+    )  # truncations before each step
     slot = jnp.where(truncated, count % n_final, -1)
-    rows = Row(obs=rollout.obs, action=rollout.action, reward=rollout.reward, terminated=rollout.terminated,
-               done=rollout.done, final_slot=slot)
-    data = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, replay.position, axis=0),
-                        replay.data, rows)
+    rows = Row(
+        obs=rollout.obs,
+        action=rollout.action,
+        reward=rollout.reward,
+        terminated=rollout.terminated,
+        done=rollout.done,
+        final_slot=slot,
+    )
+    data = jax.tree.map(
+        lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, replay.position, axis=0),
+        replay.data,
+        rows,
+    )
     env = jnp.broadcast_to(jnp.arange(slot.shape[1]), slot.shape)
-    final = replay.final.at[jnp.where(truncated, slot, n_final), env].set(rollout.final_obs, mode="drop")
-    return Replay(data=data, next_obs=next_obs, final=final, n_truncated=replay.n_truncated + truncated.sum(0),
-                  position=(replay.position + n_rows) % capacity, filled=jnp.minimum(replay.filled + n_rows, capacity))
+    final = replay.final.at[jnp.where(truncated, slot, n_final), env].set(
+        rollout.final_obs, mode="drop"
+    )
+    return Replay(
+        data=data,
+        next_obs=next_obs,
+        final=final,
+        n_truncated=replay.n_truncated + truncated.sum(0),
+        position=(replay.position + n_rows) % capacity,
+        filled=jnp.minimum(replay.filled + n_rows, capacity),
+    )
 
 
 def sample_batch(replay: Replay, key, n_samples: int, n_step: int, gamma: float) -> Batch:
@@ -311,10 +369,18 @@ def sample_batch(replay: Replay, key, n_samples: int, n_step: int, gamma: float)
     # a termination it is the reset's, and the discount 0 leaves it out)
     slot, after = data.final_slot[boot_row, env], (boot_row + 1) % capacity
     expand = lambda c: c.reshape(c.shape + (1,) * (data.obs.ndim - 2))  # noqa: E731  [N] -> [N, 1, ...]
-    boot_obs = jnp.where(expand(slot >= 0), replay.final[jnp.maximum(slot, 0), env],
-                         jnp.where(expand(boot_row == newest), replay.next_obs[env], data.obs[after, env]))
-    return Batch(obs=data.obs[start, env], action=data.action[start, env], returns=parts.returns,
-                 discount=parts.discount, boot_obs=boot_obs)
+    boot_obs = jnp.where(
+        expand(slot >= 0),
+        replay.final[jnp.maximum(slot, 0), env],
+        jnp.where(expand(boot_row == newest), replay.next_obs[env], data.obs[after, env]),
+    )
+    return Batch(
+        obs=data.obs[start, env],
+        action=data.action[start, env],
+        returns=parts.returns,
+        discount=parts.discount,
+        boot_obs=boot_obs,
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -324,21 +390,35 @@ def make_trainer(config: Config) -> run.Trainer:
     from gymnax.environments import spaces
 
     layout = devices.layout(config)
-    cli.require(config.batch_size % layout.n_devices == 0, f"--batch-size {config.batch_size} is not divisible by "
-                f"--n-devices {layout.n_devices}; use a multiple of {layout.n_devices}")
-    envs_per_device, batch_per_device = layout.envs_per_device, config.batch_size // layout.n_devices
+    cli.require(
+        config.batch_size % layout.n_devices == 0,
+        f"--batch-size {config.batch_size} is not divisible by "
+        f"--n-devices {layout.n_devices}; use a multiple of {layout.n_devices}",
+    )
+    envs_per_device, batch_per_device = (
+        layout.envs_per_device,
+        config.batch_size // layout.n_devices,
+    )
     env, env_params = envs.make_env(config.env)
     space = env.action_space(env_params)
     if not isinstance(space, spaces.Discrete):
-        raise cli.ConfigError(f"--env {config.env}: DQN needs discrete actions (one Q output per action), and its "
-                              f"action space is {type(space).__name__}; use an environment with Discrete actions")
+        raise cli.ConfigError(
+            f"--env {config.env}: DQN needs discrete actions (one Q output per action), and its "
+            f"action space is {type(space).__name__}; use an environment with Discrete actions"
+        )
     n_actions = int(space.n)
     obs_shape = tuple(env.observation_space(env_params).shape)
     conv = nets.uses_conv(config.torso, obs_shape)
-    n_final = config.capacity // int(env_params.max_steps_in_episode) + 1  # truncations the ring can hold (Replay)
+    n_final = (
+        config.capacity // int(env_params.max_steps_in_episode) + 1
+    )  # truncations the ring can hold (Replay)
     n_updates = layout.num_epochs * config.update_steps
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
-    clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
+    clip = (
+        optax.identity()
+        if cli.off(config.max_grad_norm)
+        else optax.clip_by_global_norm(config.max_grad_norm)
+    )
     # one flat vector for the optimiser: a few large kernels per step instead of a few per layer
     tx = optax.flatten(optax.chain(clip, optax.adam(lr)))
     q_values = jax.vmap(network, (None, 0, None))
@@ -350,9 +430,18 @@ def make_trainer(config: Config) -> run.Trainer:
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
         zero = jnp.int32(0)
-        return RunnerState(params=params, target_params=params, opt_state=tx.init(params), env_state=env_state,
-                           obs=obs, replay=init_replay(config.capacity, n_final, obs),
-                           episode_stats=envs.init_episode_stats(envs_per_device), epoch=zero, step=zero, key=run_key)
+        return RunnerState(
+            params=params,
+            target_params=params,
+            opt_state=tx.init(params),
+            env_state=env_state,
+            obs=obs,
+            replay=init_replay(config.capacity, n_final, obs),
+            episode_stats=envs.init_episode_stats(envs_per_device),
+            epoch=zero,
+            step=zero,
+            key=run_key,
+        )
 
     def epoch(runner: RunnerState):
         # COLLECT: T epsilon-greedy steps of B environments.
@@ -362,14 +451,25 @@ def make_trainer(config: Config) -> run.Trainer:
             key, explore_key, random_key, step_key = jax.random.split(runner.key, 4)
             greedy = jnp.argmax(q_values(runner.params, runner.obs, config.activation), axis=-1)
             explore = jax.random.uniform(explore_key, (envs_per_device,)) < epsilon
-            action = jnp.where(explore, jax.random.randint(random_key, (envs_per_device,), 0, n_actions), greedy)
+            action = jnp.where(
+                explore, jax.random.randint(random_key, (envs_per_device,), 0, n_actions), greedy
+            )
             obs, env_state, reward, terminated, truncated, info = step_envs(
-                jax.random.split(step_key, envs_per_device), runner.env_state, action, env_params)
+                jax.random.split(step_key, envs_per_device), runner.env_state, action, env_params
+            )
             done = jnp.logical_or(terminated, truncated)
-            transition = Transition(obs=runner.obs, action=action.astype(jnp.int32), reward=reward.astype(jnp.float32),
-                                    terminated=terminated, done=done, final_obs=info["final_observation"])
+            transition = Transition(
+                obs=runner.obs,
+                action=action.astype(jnp.int32),
+                reward=reward.astype(jnp.float32),
+                terminated=terminated,
+                done=done,
+                final_obs=info["final_observation"],
+            )
             episode_stats = envs.update_episode_stats(runner.episode_stats, reward, done)
-            return runner._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key), transition
+            return runner._replace(
+                env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
+            ), transition
 
         runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
@@ -381,10 +481,16 @@ def make_trainer(config: Config) -> run.Trainer:
         # on the parameters); y = G + gamma^m * Q_target(s'_{t+m-1}, a*) is completed
         # in the step, with the target network of that step.
         key, sample_key = jax.random.split(runner.key)
-        batches = sample_batch(runner.replay, sample_key, config.update_steps * batch_per_device, config.n_step,
-                               config.gamma)
-        batches = jax.tree.map(lambda x: x.reshape((config.update_steps, batch_per_device) + x.shape[1:]),
-                               batches)  # [U * N, ...] -> [U, N, ...]
+        batches = sample_batch(
+            runner.replay,
+            sample_key,
+            config.update_steps * batch_per_device,
+            config.n_step,
+            config.gamma,
+        )
+        batches = jax.tree.map(
+            lambda x: x.reshape((config.update_steps, batch_per_device) + x.shape[1:]), batches
+        )  # [U * N, ...] -> [U, N, ...]
 
         # UPDATE: gradient steps on the sampled batches; gradients averaged over devices.
         def update_step(runner: RunnerState, batch: Batch):
@@ -394,10 +500,13 @@ def make_trainer(config: Config) -> run.Trainer:
             updates, opt_state = tx.update(grads, runner.opt_state, params)
             params, step = optax.apply_updates(params, updates), runner.step + 1
             # SYNC: the target network takes the online weights every sync_freq gradient steps.
-            target_params = jax.tree.map(lambda t, p: jnp.where(step % config.sync_freq == 0, p, t),
-                                         target_params, params)
+            target_params = jax.tree.map(
+                lambda t, p: jnp.where(step % config.sync_freq == 0, p, t), target_params, params
+            )
             metrics["optim/grad_norm"] = optax.tree.norm(grads)
-            return runner._replace(params=params, target_params=target_params, opt_state=opt_state, step=step), metrics
+            return runner._replace(
+                params=params, target_params=target_params, opt_state=opt_state, step=step
+            ), metrics
 
         runner, losses = jax.lax.scan(update_step, runner, batches)
 
@@ -405,8 +514,9 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
         metrics["policy/epsilon"] = epsilon
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
-        metrics["replay/size"] = jax.lax.psum(runner.replay.filled * envs_per_device,
-                                              devices.DEVICE_AXIS).astype(jnp.float32)
+        metrics["replay/size"] = jax.lax.psum(
+            runner.replay.filled * envs_per_device, devices.DEVICE_AXIS
+        ).astype(jnp.float32)
         metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
         return runner._replace(epoch=runner.epoch + 1, key=key), metrics
 
@@ -414,8 +524,16 @@ def make_trainer(config: Config) -> run.Trainer:
         del key  # greedy (temperature 0)
         return jnp.argmax(network(policy.params, obs, config.activation))
 
-    return run.Trainer(init=init, epoch=epoch, act=act, policy=lambda s: envs.Policy(params=s.params), env=env,
-                       env_params=env_params, steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs)
+    return run.Trainer(
+        init=init,
+        epoch=epoch,
+        act=act,
+        policy=lambda s: envs.Policy(params=s.params),
+        env=env,
+        env_params=env_params,
+        steps_per_epoch=layout.steps_per_epoch,
+        num_epochs=layout.num_epochs,
+    )
 
 
 if __name__ == "__main__":

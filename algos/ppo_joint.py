@@ -8,6 +8,7 @@ minibatches -- is one compiled function; Python only loops over epochs.
     python algos/ppo_joint.py                                   # CartPole-v1
     python algos/ppo_joint.py --env Pendulum-v1 --num-envs 16 --gamma 0.95 --lr 1e-3 ...
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,18 +78,28 @@ class Config(cli.RunConfig):
             cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
-        cli.require(0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]")
-        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
-        cli.require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
+        cli.require(
+            0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]"
+        )
+        cli.require(
+            self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
+        )
+        cli.require(
+            self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"
+        )
         cli.require_non_negative(self, "vf_coef", "ent_coef")
-        cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
+        cli.require(
+            len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
+        )
 
 
 # ----------------------------------------------------------------------------
 # Network: plain functions over a parameter pytree
 # ----------------------------------------------------------------------------
 def init_network(key, obs_shape: tuple, hidden: tuple, dist, conv: bool = False) -> dict:
-    keys = jax.random.split(key, len(hidden) + 2)  # one per hidden layer, the policy head, the value head
+    keys = jax.random.split(
+        key, len(hidden) + 2
+    )  # one per hidden layer, the policy head, the value head
     return {
         "torso": nets.torso_init(keys[:-2], obs_shape, hidden, conv),
         "policy": dist.head_init(keys[-2], hidden[-1]),
@@ -112,8 +123,12 @@ class RunnerState(NamedTuple):
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
-    obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the earlier epochs' observations; off: None
-    reward_stats: envs.RewardStats | None  # the discounted returns' statistics; --no-normalize-reward: None
+    obs_stats: (
+        envs.ObsStats | None
+    )  # --normalize-obs: statistics of the earlier epochs' observations; off: None
+    reward_stats: (
+        envs.RewardStats | None
+    )  # the discounted returns' statistics; --no-normalize-reward: None
     key: jax.Array  # differs per device
 
 
@@ -186,13 +201,17 @@ def clipped_surrogate(log_prob, old_log_prob, advantage, clip_eps: float):
     ratio = jnp.exp(log_ratio)
     clipped = jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps)
     loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
-    return loss, {"ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),
-                  "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > clip_eps)}
+    return loss, {
+        "ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),
+        "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > clip_eps),
+    }
 
 
 def ppo_loss(params, batch: Batch, dist, config: Config):
     """Clipped surrogate + c_v * value L2 - c_ent * entropy, and its diagnostics."""
-    inputs, values = jax.vmap(network, (None, 0, None, None))(params, batch.obs, dist, config.activation)
+    inputs, values = jax.vmap(network, (None, 0, None, None))(
+        params, batch.obs, dist, config.activation
+    )
     log_prob = dist.log_prob(inputs, batch.action)
     advantage = batch.advantage
     if config.normalize_advantages:
@@ -201,8 +220,14 @@ def ppo_loss(params, batch: Batch, dist, config: Config):
     value_loss = jnp.mean((values - batch.target) ** 2)
     entropy = jnp.mean(dist.entropy(inputs))
     loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
-    return loss, {"loss/joint": loss, "loss/policy": policy_loss, "loss/value": value_loss,
-                  "policy/entropy": entropy, "policy/log_prob_mean": jnp.mean(log_prob), **metrics}
+    return loss, {
+        "loss/joint": loss,
+        "loss/policy": policy_loss,
+        "loss/value": value_loss,
+        "policy/entropy": entropy,
+        "policy/log_prob_mean": jnp.mean(log_prob),
+        **metrics,
+    }
 
 
 # ----------------------------------------------------------------------------
@@ -212,14 +237,20 @@ def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     layout = devices.layout(config)
-    cli.require(layout.rollout_size % config.num_minibatches == 0,
-                f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
-                f"{layout.envs_per_device} envs x {config.num_steps} steps = {layout.rollout_size}")
+    cli.require(
+        layout.rollout_size % config.num_minibatches == 0,
+        f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
+        f"{layout.envs_per_device} envs x {config.num_steps} steps = {layout.rollout_size}",
+    )
     obs_shape = tuple(env.observation_space(env_params).shape)
     conv = nets.uses_conv(config.torso, obs_shape)
     n_updates = layout.num_epochs * config.update_epochs * config.num_minibatches
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
-    clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
+    clip = (
+        optax.identity()
+        if cli.off(config.max_grad_norm)
+        else optax.clip_by_global_norm(config.max_grad_norm)
+    )
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
     net = jax.vmap(network, (None, 0, None, None))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
@@ -229,26 +260,50 @@ def make_trainer(config: Config) -> run.Trainer:
         params = init_network(param_key, obs_shape, config.hidden, dist, conv)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, layout.envs_per_device)
-        return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,
-                           episode_stats=envs.init_episode_stats(layout.envs_per_device),
-                           obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
-                           reward_stats=(envs.init_reward_stats(layout.envs_per_device)
-                                         if not config.no_normalize_reward else None),
-                           key=run_key)
+        return RunnerState(
+            params=params,
+            opt_state=tx.init(params),
+            env_state=env_state,
+            obs=obs,
+            episode_stats=envs.init_episode_stats(layout.envs_per_device),
+            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
+            reward_stats=(
+                envs.init_reward_stats(layout.envs_per_device)
+                if not config.no_normalize_reward
+                else None
+            ),
+            key=run_key,
+        )
 
     def env_step(state: RunnerState, _):
         """One step of the B environments; the network sees observations normalized by state.obs_stats."""
         key, act_key, step_key = jax.random.split(state.key, 3)
-        inputs, value = net(state.params, envs.normalize_obs(state.obs_stats, state.obs), dist, config.activation)
+        inputs, value = net(
+            state.params, envs.normalize_obs(state.obs_stats, state.obs), dist, config.activation
+        )
         action = dist.sample(inputs, act_key)
         obs, env_state, reward, terminated, truncated, info = step_envs(
-            jax.random.split(step_key, layout.envs_per_device), state.env_state, dist.clip_action(action), env_params)
+            jax.random.split(step_key, layout.envs_per_device),
+            state.env_state,
+            dist.clip_action(action),
+            env_params,
+        )
         done = jnp.logical_or(terminated, truncated)
-        transition = Transition(obs=state.obs, action=action, reward=reward, terminated=terminated, done=done,
-                                value=value, log_prob=dist.log_prob(inputs, action),
-                                final_obs=info["final_observation"], greedy_action=dist.mode(inputs))
+        transition = Transition(
+            obs=state.obs,
+            action=action,
+            reward=reward,
+            terminated=terminated,
+            done=done,
+            value=value,
+            log_prob=dist.log_prob(inputs, action),
+            final_obs=info["final_observation"],
+            greedy_action=dist.mode(inputs),
+        )
         episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
-        return state._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key), transition
+        return state._replace(
+            env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
+        ), transition
 
     def rollout(state: RunnerState) -> Rollout:
         # COLLECT: T steps of B environments under the current policy.
@@ -258,12 +313,19 @@ def make_trainer(config: Config) -> run.Trainer:
         # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations from V(final_obs), on the
         # rewards divided by the running std of the discounted return (unless --no-normalize-reward).
         final_obs = envs.normalize_obs(state.obs_stats, traj.final_obs)
-        _, next_values = jax.vmap(net, (None, 0, None, None))(state.params, final_obs, dist, config.activation)
+        _, next_values = jax.vmap(net, (None, 0, None, None))(
+            state.params, final_obs, dist, config.activation
+        )
         lam = 1.0 if config.advantage == "monte-carlo" else config.gae_lambda
-        state = state._replace(reward_stats=envs.update_reward_stats(state.reward_stats, traj.reward, traj.done,
-                                                                     config.gamma))
+        state = state._replace(
+            reward_stats=envs.update_reward_stats(
+                state.reward_stats, traj.reward, traj.done, config.gamma
+            )
+        )
         rewards = traj.reward / envs.reward_scale(state.reward_stats)
-        advantages, targets = gae(rewards, traj.value, next_values, traj.terminated, traj.done, config.gamma, lam)
+        advantages, targets = gae(
+            rewards, traj.value, next_values, traj.terminated, traj.done, config.gamma, lam
+        )
         return Rollout(state=state, traj=traj, advantages=advantages, targets=targets)
 
     def minibatch_step(carry, minibatch: Batch):
@@ -281,18 +343,30 @@ def make_trainer(config: Config) -> run.Trainer:
         # UPDATE: update_epochs passes of num_minibatches Adam steps; gradients averaged over devices.
         flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
         obs = envs.normalize_obs(state.obs_stats, traj.obs)  # what the networks saw
-        batch = jax.tree.map(flat, Batch(obs=obs, action=traj.action, log_prob=traj.log_prob,
-                                         advantage=collected.advantages, target=collected.targets))
+        batch = jax.tree.map(
+            flat,
+            Batch(
+                obs=obs,
+                action=traj.action,
+                log_prob=traj.log_prob,
+                advantage=collected.advantages,
+                target=collected.targets,
+            ),
+        )
 
         def update_epoch(carry, key):
             order = jax.random.permutation(key, layout.rollout_size)
             minibatches = jax.tree.map(
-                lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch)
+                lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch
+            )
             return jax.lax.scan(minibatch_step, carry, minibatches)
 
         key, perm_key = jax.random.split(state.key)
         (params, opt_state), losses = jax.lax.scan(
-            update_epoch, (state.params, state.opt_state), jax.random.split(perm_key, config.update_epochs))
+            update_epoch,
+            (state.params, state.opt_state),
+            jax.random.split(perm_key, config.update_epochs),
+        )
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
@@ -300,20 +374,36 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         targets = collected.targets
-        metrics.update(residual_metrics(targets - traj.value, targets))  # R - V over every device's batch
+        metrics.update(
+            residual_metrics(targets - traj.value, targets)
+        )  # R - V over every device's batch
         metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
         # --normalize-obs: this epoch's observations, every device's, join the statistics
-        obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs) if config.normalize_obs else None
-        return state._replace(params=params, opt_state=opt_state, obs_stats=obs_stats, key=key), metrics
+        obs_stats = (
+            envs.update_obs_stats(state.obs_stats, traj.obs) if config.normalize_obs else None
+        )
+        return state._replace(
+            params=params, opt_state=opt_state, obs_stats=obs_stats, key=key
+        ), metrics
 
     def act(policy: envs.Policy, obs, key):
         del key  # greedy
-        inputs, _ = network(policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation)
+        inputs, _ = network(
+            policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation
+        )
         return dist.clip_action(dist.mode(inputs))
 
-    return run.Trainer(init=init, epoch=epoch, rollout=rollout, act=act, env=env, env_params=env_params,
-                       policy=lambda state: envs.Policy(params=state.params, obs_stats=state.obs_stats),
-                       steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs)
+    return run.Trainer(
+        init=init,
+        epoch=epoch,
+        rollout=rollout,
+        act=act,
+        env=env,
+        env_params=env_params,
+        policy=lambda state: envs.Policy(params=state.params, obs_stats=state.obs_stats),
+        steps_per_epoch=layout.steps_per_epoch,
+        num_epochs=layout.num_epochs,
+    )
 
 
 if __name__ == "__main__":

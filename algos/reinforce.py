@@ -10,6 +10,7 @@ the returns and the Adam steps -- is one compiled function.
     python algos/reinforce.py --baseline                          # CartPole-v1
     python algos/reinforce.py --baseline --num-envs 4 --batch-size 2048 --num-seeds 4
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,7 +59,9 @@ class Config(cli.RunConfig):
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged over
     devices, per seed, saved in checkpoints), clipped to +-10"""
-    normalize_reward: bool = False  # on: CartPole-v1 at 150k steps 236 (off 278), Acrobot-v1's worst seed -120 (-87)
+    normalize_reward: bool = (
+        False  # on: CartPole-v1 at 150k steps 236 (off 278), Acrobot-v1's worst seed -120 (-87)
+    )
     """divide the rewards the returns are summed from by a running std of the discounted return where above 1
     (kept like --normalize-obs)"""
 
@@ -68,8 +71,12 @@ class Config(cli.RunConfig):
             cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
-        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
-        cli.require(len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths")
+        cli.require(
+            self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
+        )
+        cli.require(
+            len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
+        )
 
 
 # ----------------------------------------------------------------------------
@@ -77,7 +84,10 @@ class Config(cli.RunConfig):
 # ----------------------------------------------------------------------------
 def init_network(key, obs_shape: tuple, hidden: tuple, dist, conv: bool = False) -> dict:
     keys = jax.random.split(key, len(hidden) + 1)
-    return {"torso": nets.torso_init(keys[:-1], obs_shape, hidden, conv), "head": dist.head_init(keys[-1], hidden[-1])}
+    return {
+        "torso": nets.torso_init(keys[:-1], obs_shape, hidden, conv),
+        "head": dist.head_init(keys[-1], hidden[-1]),
+    }
 
 
 def network(params: dict, obs: jax.Array, dist, activation: nets.Activation) -> jax.Array:
@@ -94,8 +104,12 @@ class RunnerState(NamedTuple):
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
-    obs_stats: envs.ObsStats | None  # --normalize-obs: what the network normalizes with; None (no arrays) off
-    reward_stats: envs.RewardStats | None  # --normalize-reward: the discounted returns' statistics; off: None
+    obs_stats: (
+        envs.ObsStats | None
+    )  # --normalize-obs: what the network normalizes with; None (no arrays) off
+    reward_stats: (
+        envs.RewardStats | None
+    )  # --normalize-reward: the discounted returns' statistics; off: None
     key: jax.Array  # differs per device
 
 
@@ -143,7 +157,9 @@ def discounted_returns(rewards, dones, gamma: float):
         ret = reward + discount_t * next_return
         return ret, ret
 
-    _, returns = jax.lax.scan(backward, jnp.zeros_like(rewards[0]), (rewards, discount), reverse=True)
+    _, returns = jax.lax.scan(
+        backward, jnp.zeros_like(rewards[0]), (rewards, discount), reverse=True
+    )
     return returns
 
 
@@ -175,17 +191,26 @@ def reinforce_loss(params, batch: Batch, dist, activation: str):
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
     layout = devices.layout(config)
-    cli.require(config.batch_size % layout.n_devices == 0 and config.batch_size <= layout.steps_per_epoch,
-                f"--batch-size {config.batch_size}: use a multiple of --n-devices {layout.n_devices} of at most "
-                f"{config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}")
-    envs_per_device, batch_per_device = layout.envs_per_device, config.batch_size // layout.n_devices
+    cli.require(
+        config.batch_size % layout.n_devices == 0 and config.batch_size <= layout.steps_per_epoch,
+        f"--batch-size {config.batch_size}: use a multiple of --n-devices {layout.n_devices} of at most "
+        f"{config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}",
+    )
+    envs_per_device, batch_per_device = (
+        layout.envs_per_device,
+        config.batch_size // layout.n_devices,
+    )
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     obs_shape = tuple(env.observation_space(env_params).shape)
     conv = nets.uses_conv(config.torso, obs_shape)
     n_updates = layout.num_epochs * config.train_steps
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
-    clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
+    clip = (
+        optax.identity()
+        if cli.off(config.max_grad_norm)
+        else optax.clip_by_global_norm(config.max_grad_norm)
+    )
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
     net = jax.vmap(network, (None, 0, None, None))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
@@ -195,35 +220,63 @@ def make_trainer(config: Config) -> run.Trainer:
         params = init_network(param_key, obs_shape, config.hidden, dist, conv)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, envs_per_device)
-        return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,
-                           episode_stats=envs.init_episode_stats(envs_per_device),
-                           obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
-                           reward_stats=envs.init_reward_stats(envs_per_device) if config.normalize_reward else None,
-                           key=run_key)
+        return RunnerState(
+            params=params,
+            opt_state=tx.init(params),
+            env_state=env_state,
+            obs=obs,
+            episode_stats=envs.init_episode_stats(envs_per_device),
+            obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
+            reward_stats=envs.init_reward_stats(envs_per_device)
+            if config.normalize_reward
+            else None,
+            key=run_key,
+        )
 
     def rollout(runner: RunnerState) -> Rollout:
         # COLLECT: T steps of B environments under the current policy (--normalize-obs: the network sees
         # observations normalized with the statistics of earlier epochs; off, normalize_obs is the identity).
         def env_step(runner: RunnerState, _):
             key, act_key, step_key = jax.random.split(runner.key, 3)
-            inputs = net(runner.params, envs.normalize_obs(runner.obs_stats, runner.obs), dist, config.activation)
+            inputs = net(
+                runner.params,
+                envs.normalize_obs(runner.obs_stats, runner.obs),
+                dist,
+                config.activation,
+            )
             action = dist.sample(inputs, act_key)
             obs, env_state, reward, terminated, truncated, _ = step_envs(
-                jax.random.split(step_key, envs_per_device), runner.env_state, dist.clip_action(action),
-                env_params)
+                jax.random.split(step_key, envs_per_device),
+                runner.env_state,
+                dist.clip_action(action),
+                env_params,
+            )
             done = jnp.logical_or(terminated, truncated)
-            transition = Transition(obs=runner.obs, action=action, reward=reward, done=done,
-                                    log_prob=dist.log_prob(inputs, action), greedy_action=dist.mode(inputs))
+            transition = Transition(
+                obs=runner.obs,
+                action=action,
+                reward=reward,
+                done=done,
+                log_prob=dist.log_prob(inputs, action),
+                greedy_action=dist.mode(inputs),
+            )
             episode_stats = envs.update_episode_stats(runner.episode_stats, reward, done)
-            return runner._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key), transition
+            return runner._replace(
+                env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
+            ), transition
 
         runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
 
         # TARGETS: returns to the episode's end in the rollout (of rewards / --normalize-reward), minus the baseline.
-        runner = runner._replace(reward_stats=envs.update_reward_stats(runner.reward_stats, traj.reward, traj.done,
-                                                                       config.gamma))
-        returns = discounted_returns(traj.reward / envs.reward_scale(runner.reward_stats), traj.done, config.gamma)
+        runner = runner._replace(
+            reward_stats=envs.update_reward_stats(
+                runner.reward_stats, traj.reward, traj.done, config.gamma
+            )
+        )
+        returns = discounted_returns(
+            traj.reward / envs.reward_scale(runner.reward_stats), traj.done, config.gamma
+        )
         weights, return_mean = returns_weights(returns, config.baseline)
         return Rollout(runner=runner, traj=traj, weights=weights, return_mean=return_mean)
 
@@ -234,39 +287,68 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # UPDATE: train_steps Adam steps on random batches of the rollout; gradients averaged over devices.
         flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
-        batch = jax.tree.map(flat, Batch(obs=envs.normalize_obs(runner.obs_stats, traj.obs), action=traj.action,
-                                         log_prob=traj.log_prob, weight=collected.weights))
+        batch = jax.tree.map(
+            flat,
+            Batch(
+                obs=envs.normalize_obs(runner.obs_stats, traj.obs),
+                action=traj.action,
+                log_prob=traj.log_prob,
+                weight=collected.weights,
+            ),
+        )
 
         def train_step(runner: RunnerState, key):
             rows = jax.random.permutation(key, layout.rollout_size)[:batch_per_device]
             minibatch = jax.tree.map(lambda x: x[rows], batch)
-            grads, metrics = jax.grad(reinforce_loss, has_aux=True)(runner.params, minibatch, dist, config.activation)
+            grads, metrics = jax.grad(reinforce_loss, has_aux=True)(
+                runner.params, minibatch, dist, config.activation
+            )
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
             updates, opt_state = tx.update(grads, runner.opt_state, runner.params)
             metrics["optim/grad_norm"] = optax.tree.norm(grads)
-            return runner._replace(params=optax.apply_updates(runner.params, updates), opt_state=opt_state), metrics
+            return runner._replace(
+                params=optax.apply_updates(runner.params, updates), opt_state=opt_state
+            ), metrics
 
         key, step_key = jax.random.split(runner.key)
-        runner, losses = jax.lax.scan(train_step, runner, jax.random.split(step_key, config.train_steps))
+        runner, losses = jax.lax.scan(
+            train_step, runner, jax.random.split(step_key, config.train_steps)
+        )
 
         # METRICS: scalar means, identical on every device. policy/preferred_move is the mean greedy action of a
         # discrete policy: the mean index of its most probable action over the rollout (Box: of its mean action).
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
-        metrics.update({"reinforce/return_mean": collected.return_mean,
-                        "policy/preferred_move": jnp.mean(traj.greedy_action)})
+        metrics.update(
+            {
+                "reinforce/return_mean": collected.return_mean,
+                "policy/preferred_move": jnp.mean(traj.greedy_action),
+            }
+        )
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
         # this epoch's observations, every device's, join the statistics (--normalize-obs off: None stays None)
-        return runner._replace(obs_stats=envs.update_obs_stats(runner.obs_stats, traj.obs), key=key), metrics
+        return runner._replace(
+            obs_stats=envs.update_obs_stats(runner.obs_stats, traj.obs), key=key
+        ), metrics
 
     def act(policy: envs.Policy, obs, key):
         del key  # greedy
-        inputs = network(policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation)
+        inputs = network(
+            policy.params, envs.normalize_obs(policy.obs_stats, obs), dist, config.activation
+        )
         return dist.clip_action(dist.mode(inputs))
 
-    return run.Trainer(init=init, epoch=epoch, rollout=rollout, act=act,
-                       policy=lambda s: envs.Policy(params=s.params, obs_stats=s.obs_stats), env=env,
-                       env_params=env_params, steps_per_epoch=layout.steps_per_epoch, num_epochs=layout.num_epochs)
+    return run.Trainer(
+        init=init,
+        epoch=epoch,
+        rollout=rollout,
+        act=act,
+        policy=lambda s: envs.Policy(params=s.params, obs_stats=s.obs_stats),
+        env=env,
+        env_params=env_params,
+        steps_per_epoch=layout.steps_per_epoch,
+        num_epochs=layout.num_epochs,
+    )
 
 
 if __name__ == "__main__":

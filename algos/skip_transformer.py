@@ -13,6 +13,7 @@ rollout, GAE, PPO updates -- is one compiled function. CartPoleNoVel-v1 (the def
     python algos/skip_transformer.py                            # CartPoleNoVel-v1
     python algos/skip_transformer.py --env MemoryChain-bsuite --skip-fraction 0.5
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +39,9 @@ from common.metrics import residual_metrics  # noqa: E402
 @dataclasses.dataclass(frozen=True)
 class Config(cli.RunConfig):
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
-    STATIC_FLOATS = ("skip_fraction",)  # one depth drawn for every run of the program (skipping.first_copy)
+    STATIC_FLOATS = (
+        "skip_fraction",
+    )  # one depth drawn for every run of the program (skipping.first_copy)
     env: str = "CartPoleNoVel-v1"
     """gymnax environment id, or CartPoleNoVel-v1: CartPole-v1 with its velocities hidden"""
     total_steps: int = 200_000
@@ -71,7 +74,9 @@ class Config(cli.RunConfig):
     """value loss coefficient c_v"""
     ent_coef: float = 0.0
     """entropy bonus coefficient c_ent"""
-    context_len: int = 8  # 4: MemoryChain-bsuite (its cue 5 steps back) 0.02 for 8 seeds at 150k steps; 8: 1.0
+    context_len: int = (
+        8  # 4: MemoryChain-bsuite (its cue 5 steps back) 0.02 for 8 seeds at 150k steps; 8: 1.0
+    )
     """observations the Transformer sees: the newest and up to context_len - 1 before it (same episode)"""
     d_model: int = 16
     """width of the Transformer"""
@@ -96,21 +101,46 @@ class Config(cli.RunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("num_envs", "num_steps", "update_epochs", "num_minibatches", "context_len", "d_model",
-                     "n_heads", "d_ff", "n_layers"):
+        for name in (
+            "num_envs",
+            "num_steps",
+            "update_epochs",
+            "num_minibatches",
+            "context_len",
+            "d_model",
+            "n_heads",
+            "d_ff",
+            "n_layers",
+        ):
             cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
-        cli.require(0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]")
-        cli.require(self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more")
-        cli.require(self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2")
+        cli.require(
+            0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]"
+        )
+        cli.require(
+            self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
+        )
+        cli.require(
+            self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"
+        )
         cli.require_non_negative(self, "vf_coef", "ent_coef")
-        cli.require(self.d_model % self.n_heads == 0,
-                    f"--d-model {self.d_model} is not divisible by --n-heads {self.n_heads}; use a multiple")
-        cli.require(0 <= self.skip_fraction < 1, f"--skip-fraction {self.skip_fraction}: use a value in [0, 1)")
-        cli.require(self.skip_warmup_steps >= 0, f"--skip-warmup-steps {self.skip_warmup_steps}: use 0 or more")
-        cli.require(0 <= self.eval_depth <= self.n_layers,
-                    f"--eval-depth {self.eval_depth}: use 1 to --n-layers {self.n_layers}, or 0 for all")
+        cli.require(
+            self.d_model % self.n_heads == 0,
+            f"--d-model {self.d_model} is not divisible by --n-heads {self.n_heads}; use a multiple",
+        )
+        cli.require(
+            0 <= self.skip_fraction < 1,
+            f"--skip-fraction {self.skip_fraction}: use a value in [0, 1)",
+        )
+        cli.require(
+            self.skip_warmup_steps >= 0,
+            f"--skip-warmup-steps {self.skip_warmup_steps}: use 0 or more",
+        )
+        cli.require(
+            0 <= self.eval_depth <= self.n_layers,
+            f"--eval-depth {self.eval_depth}: use 1 to --n-layers {self.n_layers}, or 0 for all",
+        )
 
 
 # ----------------------------------------------------------------------------
@@ -125,15 +155,29 @@ def scaled_normal_init(key, n_in: int, n_out: int, scale: float) -> dict:
 def init_network(key, obs_dim: int, config: Config, dist) -> dict:
     d, keys = config.d_model, jax.random.split(key, 4 + 4 * config.n_layers)
     out_scale = 1.0 / np.sqrt(2 * config.n_layers)  # residual branches start small
-    norm_init = lambda d: {"scale": jnp.ones((d,), jnp.float32), "bias": jnp.zeros((d,), jnp.float32)}  # noqa
     dense = scaled_normal_init
-    block = lambda k: {"norm1": norm_init(d), "qkv": dense(k[0], d, 3 * d, 1.0),  # noqa: E731
-                       "out": dense(k[1], d, d, out_scale), "norm2": norm_init(d),
-                       "mlp1": dense(k[2], d, config.d_ff, np.sqrt(2)), "mlp2": dense(k[3], config.d_ff, d, out_scale)}
-    return {"embed": dense(keys[0], obs_dim, d, 1.0),
-            "position": 0.1 * jax.random.normal(keys[1], (config.context_len, d), jnp.float32),
-            "blocks": [block(keys[4 + 4 * i:8 + 4 * i]) for i in range(config.n_layers)],
-            "norm": norm_init(d), "policy": dist.head_init(keys[2], d), "value": dense(keys[3], d, 1, 1.0)}
+
+    def norm_init(d):
+        return {"scale": jnp.ones((d,), jnp.float32), "bias": jnp.zeros((d,), jnp.float32)}
+
+    def block(k):
+        return {
+            "norm1": norm_init(d),
+            "qkv": dense(k[0], d, 3 * d, 1.0),
+            "out": dense(k[1], d, d, out_scale),
+            "norm2": norm_init(d),
+            "mlp1": dense(k[2], d, config.d_ff, np.sqrt(2)),
+            "mlp2": dense(k[3], config.d_ff, d, out_scale),
+        }
+
+    return {
+        "embed": dense(keys[0], obs_dim, d, 1.0),
+        "position": 0.1 * jax.random.normal(keys[1], (config.context_len, d), jnp.float32),
+        "blocks": [block(keys[4 + 4 * i : 8 + 4 * i]) for i in range(config.n_layers)],
+        "norm": norm_init(d),
+        "policy": dist.head_init(keys[2], d),
+        "value": dense(keys[3], d, 1, 1.0),
+    }
 
 
 def layer_norm(p: dict, x: jax.Array) -> jax.Array:
@@ -159,8 +203,15 @@ def block(p: dict, x: jax.Array, mask: jax.Array, n_heads: int) -> jax.Array:
     return x + h @ p["mlp2"]["w"] + p["mlp2"]["b"]
 
 
-def torso(params: dict, windows: jax.Array, config: Config, mode: skipping.Mode = "eval", step=0, rng=None,
-          eval_depth=None):
+def torso(
+    params: dict,
+    windows: jax.Array,
+    config: Config,
+    mode: skipping.Mode = "eval",
+    step=0,
+    rng=None,
+    eval_depth=None,
+):
     """Windows `[N, L, F + 1]` -> (features `[N, L, D]`; position q attends to k <= q of its episode, step + 1)."""
     chex.assert_rank(windows, 3)
     obs, valid = windows[..., :-1], windows[..., -1] > 0
@@ -169,12 +220,29 @@ def torso(params: dict, windows: jax.Array, config: Config, mode: skipping.Mode 
     mask = causal & (valid[:, None, :] | jnp.eye(length, dtype=bool))  # [N, L(query), L(key)]
     x = obs @ params["embed"]["w"] + params["embed"]["b"] + params["position"]
     layer = lambda p, x: block(p, x, mask, config.n_heads)  # noqa: E731
-    return skipping.skipping_serial([layer] * len(params["blocks"]), params["blocks"], x, step, rng, mode,
-                                    config.skip_fraction, config.skip_warmup_steps, eval_depth)
+    return skipping.skipping_serial(
+        [layer] * len(params["blocks"]),
+        params["blocks"],
+        x,
+        step,
+        rng,
+        mode,
+        config.skip_fraction,
+        config.skip_warmup_steps,
+        eval_depth,
+    )
 
 
-def network(params: dict, windows: jax.Array, dist, config: Config, mode: skipping.Mode = "eval", step=0,
-            rng=None, eval_depth=None):
+def network(
+    params: dict,
+    windows: jax.Array,
+    dist,
+    config: Config,
+    mode: skipping.Mode = "eval",
+    step=0,
+    rng=None,
+    eval_depth=None,
+):
     """Windows `[N, L, F + 1]` -> (distribution inputs `[N, n_inputs]`, values `[N]`, step + 1)."""
     x, step = torso(params, windows, config, mode, step, rng, eval_depth)
     newest = layer_norm(params["norm"], x[:, -1])
@@ -199,7 +267,9 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, L, F + 1] context windows
     episode_stats: envs.EpisodeStats
     obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the observations (None: off)
-    reward_stats: envs.RewardStats | None  # the discounted returns' statistics; --no-normalize-reward: None
+    reward_stats: (
+        envs.RewardStats | None
+    )  # the discounted returns' statistics; --no-normalize-reward: None
     skip_step: jax.Array  # [] gradient steps so far: drives the skip warmup
     depth_key: jax.Array  # the same on every device; seed 0's draws serve every seed
     key: jax.Array  # differs per device
@@ -210,14 +280,18 @@ class Transition(NamedTuple):  # the windows, what the policy did, what the envi
     final_obs: jax.Array  # window at s_{t+1} before any reset (bootstraps truncated episodes)
     action: jax.Array  # a_t ~ pi_old(. | s_t)
     log_prob: jax.Array  # log pi_old(a_t | s_t)
-    greedy_action: jax.Array  # mode of pi_old(. | s_t): policy/preferred_move is its mean (discrete actions)
+    greedy_action: (
+        jax.Array
+    )  # mode of pi_old(. | s_t): policy/preferred_move is its mean (discrete actions)
     value: jax.Array  # V(s_t)
     reward: jax.Array
     terminated: jax.Array  # no future: discount_t = 0
     done: jax.Array  # terminated or truncated: the GAE trace stops
 
 
-class Rollout(NamedTuple):  # an epoch before its update: the runner after T steps and what the update trains on
+class Rollout(
+    NamedTuple
+):  # an epoch before its update: the runner after T steps and what the update trains on
     runner: RunnerState
     traj: Transition  # [T, B, ...] as collected (raw windows)
     advantages: jax.Array  # [T, B]
@@ -271,15 +345,18 @@ def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
     value_loss = jnp.mean((values - batch.target) ** 2)
     entropy = jnp.mean(dist.entropy(inputs))
     loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
-    return loss, ({
-        "loss/joint": loss,
-        "loss/policy": policy_loss,
-        "loss/value": value_loss,
-        "policy/entropy": entropy,
-        "policy/log_prob_mean": jnp.mean(log_prob),
-        "ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),  # k3 estimator of KL(old || new)
-        "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > config.clip_eps),
-    }, step)
+    return loss, (
+        {
+            "loss/joint": loss,
+            "loss/policy": policy_loss,
+            "loss/value": value_loss,
+            "policy/entropy": entropy,
+            "policy/log_prob_mean": jnp.mean(log_prob),
+            "ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),  # k3 estimator of KL(old || new)
+            "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > config.clip_eps),
+        },
+        step,
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -287,18 +364,27 @@ def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
     layout = devices.layout(config)
-    cli.require(layout.rollout_size % config.num_minibatches == 0,
-                f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
-                f"{layout.envs_per_device} envs x {config.num_steps} steps = {layout.rollout_size}")
+    cli.require(
+        layout.rollout_size % config.num_minibatches == 0,
+        f"--num-minibatches {config.num_minibatches} does not divide the per-device batch "
+        f"{layout.envs_per_device} envs x {config.num_steps} steps = {layout.rollout_size}",
+    )
     env, env_params = envs.make_env(config.env)
     limit = env_params.max_steps_in_episode
-    cli.require(config.context_len <= limit, f"--context-len {config.context_len} is longer than an episode of "
-                                             f"{config.env} ({limit} steps); use at most {limit}")
+    cli.require(
+        config.context_len <= limit,
+        f"--context-len {config.context_len} is longer than an episode of "
+        f"{config.env} ({limit} steps); use at most {limit}",
+    )
     env = envs.ContextWindow(env, env_params, config.context_len)
     dist = make_distribution(env.action_space(env_params))
     n_updates = layout.num_epochs * config.update_epochs * config.num_minibatches
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
-    clip = optax.identity() if cli.off(config.max_grad_norm) else optax.clip_by_global_norm(config.max_grad_norm)
+    clip = (
+        optax.identity()
+        if cli.off(config.max_grad_norm)
+        else optax.clip_by_global_norm(config.max_grad_norm)
+    )
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
     flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
 
@@ -308,46 +394,90 @@ def make_trainer(config: Config) -> run.Trainer:
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         n_envs = layout.envs_per_device
         obs, env_state = envs.reset_envs(env, env_params, reset_key, n_envs)
-        return RunnerState(params=params, opt_state=tx.init(params), env_state=env_state, obs=obs,
-                           episode_stats=envs.init_episode_stats(n_envs),
-                           obs_stats=envs.init_obs_stats((env.obs_dim,)) if config.normalize_obs else None,
-                           reward_stats=None if config.no_normalize_reward else envs.init_reward_stats(n_envs),
-                           skip_step=jnp.int32(0), depth_key=depth_key, key=run_key)
+        return RunnerState(
+            params=params,
+            opt_state=tx.init(params),
+            env_state=env_state,
+            obs=obs,
+            episode_stats=envs.init_episode_stats(n_envs),
+            obs_stats=envs.init_obs_stats((env.obs_dim,)) if config.normalize_obs else None,
+            reward_stats=None if config.no_normalize_reward else envs.init_reward_stats(n_envs),
+            skip_step=jnp.int32(0),
+            depth_key=depth_key,
+            key=run_key,
+        )
 
     def rollout(runner: RunnerState) -> Rollout:
-        norm = functools.partial(envs.normalize_window, runner.obs_stats)  # statistics of earlier epochs (None: as is)
+        norm = functools.partial(
+            envs.normalize_window, runner.obs_stats
+        )  # statistics of earlier epochs (None: as is)
 
         # COLLECT: T steps of B environments; every block runs (as Trax's collect mode).
         def env_step(runner: RunnerState, _):
             key, act_key, step_key = jax.random.split(runner.key, 3)
             inputs, value, _ = network(runner.params, norm(runner.obs), dist, config)
             action = dist.sample(inputs, act_key)
-            obs, env_state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
-                jax.random.split(step_key, layout.envs_per_device), runner.env_state, dist.clip_action(action),
-                env_params)
+            obs, env_state, reward, terminated, truncated, info = jax.vmap(
+                env.step, (0, 0, 0, None)
+            )(
+                jax.random.split(step_key, layout.envs_per_device),
+                runner.env_state,
+                dist.clip_action(action),
+                env_params,
+            )
             done = jnp.logical_or(terminated, truncated)
-            transition = Transition(obs=runner.obs, final_obs=info["final_observation"], action=action,
-                                    log_prob=dist.log_prob(inputs, action), greedy_action=dist.mode(inputs),
-                                    value=value, reward=reward, terminated=terminated, done=done)
+            transition = Transition(
+                obs=runner.obs,
+                final_obs=info["final_observation"],
+                action=action,
+                log_prob=dist.log_prob(inputs, action),
+                greedy_action=dist.mode(inputs),
+                value=value,
+                reward=reward,
+                terminated=terminated,
+                done=done,
+            )
             stats = envs.update_episode_stats(runner.episode_stats, reward, done)
-            return runner._replace(env_state=env_state, obs=obs, episode_stats=stats, key=key), transition
+            return runner._replace(
+                env_state=env_state, obs=obs, episode_stats=stats, key=key
+            ), transition
 
         runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
 
         # ADVANTAGES: GAE on rewards / their return std, truncations bootstrapping from the final window.
-        next_values = network(runner.params, flat(norm(traj.final_obs)), dist, config)[1].reshape(traj.value.shape)
-        runner = runner._replace(reward_stats=envs.update_reward_stats(runner.reward_stats, traj.reward, traj.done,
-                                                                       config.gamma))
-        advantages, targets = gae(traj.reward / envs.reward_scale(runner.reward_stats), traj.value, next_values,
-                                  traj.terminated, traj.done, config.gamma, config.gae_lambda)
+        next_values = network(runner.params, flat(norm(traj.final_obs)), dist, config)[1].reshape(
+            traj.value.shape
+        )
+        runner = runner._replace(
+            reward_stats=envs.update_reward_stats(
+                runner.reward_stats, traj.reward, traj.done, config.gamma
+            )
+        )
+        advantages, targets = gae(
+            traj.reward / envs.reward_scale(runner.reward_stats),
+            traj.value,
+            next_values,
+            traj.terminated,
+            traj.done,
+            config.gamma,
+            config.gae_lambda,
+        )
         return Rollout(runner=runner, traj=traj, advantages=advantages, targets=targets)
 
     def epoch(runner: RunnerState):
         collected = rollout(runner)
         runner, traj, targets = collected.runner, collected.traj, collected.targets
-        batch = jax.tree.map(flat, Batch(obs=envs.normalize_window(runner.obs_stats, traj.obs), action=traj.action,
-                                         log_prob=traj.log_prob, advantage=collected.advantages, target=targets))
+        batch = jax.tree.map(
+            flat,
+            Batch(
+                obs=envs.normalize_window(runner.obs_stats, traj.obs),
+                action=traj.action,
+                log_prob=traj.log_prob,
+                advantage=collected.advantages,
+                target=targets,
+            ),
+        )
 
         # UPDATE: update_epochs passes of num_minibatches Adam steps, each running ONE random depth drawn from
         # depth_key: the same key on every device, and the first seed's draw serves every seed (skipping.first_copy),
@@ -355,45 +485,65 @@ def make_trainer(config: Config) -> run.Trainer:
         def minibatch_step(carry, minibatch: Batch):
             params, opt_state, step = carry
             rng = jax.random.fold_in(runner.depth_key, step)
-            grads, (metrics, next_step) = jax.grad(ppo_loss, has_aux=True)(params, minibatch, step, rng, dist, config)
+            grads, (metrics, next_step) = jax.grad(ppo_loss, has_aux=True)(
+                params, minibatch, step, rng, dist, config
+            )
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
             updates, opt_state = tx.update(grads, opt_state, params)
             metrics["optim/grad_norm"] = optax.tree.norm(grads)
-            n_forward = skipping.n_forward_layers(step, rng, config.n_layers, "train", config.skip_fraction,
-                                                  config.skip_warmup_steps)
-            metrics["skip/layers_run"] = skipping.layers_run(n_forward, config.n_layers).astype(jnp.float32)
+            n_forward = skipping.n_forward_layers(
+                step, rng, config.n_layers, "train", config.skip_fraction, config.skip_warmup_steps
+            )
+            metrics["skip/layers_run"] = skipping.layers_run(n_forward, config.n_layers).astype(
+                jnp.float32
+            )
             return (optax.apply_updates(params, updates), opt_state, next_step), metrics
 
         def update_epoch(carry, key):
             order = jax.random.permutation(key, layout.rollout_size)
-            minibatches = jax.tree.map(lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch)
+            minibatches = jax.tree.map(
+                lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch
+            )
             return jax.lax.scan(minibatch_step, carry, minibatches)
 
         key, perm_key = jax.random.split(runner.key)
         learner = (runner.params, runner.opt_state, runner.skip_step)
-        (params, opt_state, skip_step), losses = jax.lax.scan(update_epoch, learner,
-                                                              jax.random.split(perm_key, config.update_epochs))
+        (params, opt_state, skip_step), losses = jax.lax.scan(
+            update_epoch, learner, jax.random.split(perm_key, config.update_epochs)
+        )
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
-        metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)  # the mean greedy action (discrete actions)
+        metrics["policy/preferred_move"] = jnp.mean(
+            traj.greedy_action
+        )  # the mean greedy action (discrete actions)
         metrics["skip/warmup"] = skipping.warmup_factor(skip_step, config.skip_warmup_steps)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
-        metrics.update(residual_metrics(targets - traj.value, targets))  # R - V over every device's batch
+        metrics.update(
+            residual_metrics(targets - traj.value, targets)
+        )  # R - V over every device's batch
         metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
         # --normalize-obs: this epoch's observations (each window's newest), every device's, join the statistics
         obs_stats = envs.update_obs_stats(runner.obs_stats, traj.obs[:, :, -1, :-1])
-        return runner._replace(params=params, opt_state=opt_state, obs_stats=obs_stats, skip_step=skip_step,
-                               key=key), metrics
+        return runner._replace(
+            params=params, opt_state=opt_state, obs_stats=obs_stats, skip_step=skip_step, key=key
+        ), metrics
 
     def act(policy: envs.Policy, obs, key):
         del key  # greedy
         return greedy_action(policy, obs, dist, config, config.eval_depth or None)
 
-    return run.Trainer(init=init, epoch=epoch, act=act,
-                       policy=lambda state: envs.Policy(params=state.params, obs_stats=state.obs_stats),
-                       env=env, env_params=env_params, steps_per_epoch=layout.steps_per_epoch,
-                       num_epochs=layout.num_epochs, rollout=rollout)
+    return run.Trainer(
+        init=init,
+        epoch=epoch,
+        act=act,
+        policy=lambda state: envs.Policy(params=state.params, obs_stats=state.obs_stats),
+        env=env,
+        env_params=env_params,
+        steps_per_epoch=layout.steps_per_epoch,
+        num_epochs=layout.num_epochs,
+        rollout=rollout,
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -405,22 +555,34 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
     The program and episodes of run.train's final evaluation, one per depth (full depth: the same numbers).
     """
     _, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
-    n_devices *= jax.process_count()  # the checkpoint holds every host's devices, as run.train splits the run
+    n_devices *= (
+        jax.process_count()
+    )  # the checkpoint holds every host's devices, as run.train splits the run
     init_key, eval_key = jax.random.split(rng)
-    trainer, keys, values = sweep.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices,
-                                        init_key)
+    trainer, keys, values = sweep.build(
+        dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices, init_key
+    )
     template = jax.eval_shape(devices.map_init(trainer.init), keys, values)
     state, epoch = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), template)
-    policy, key = trainer.policy(devices.unreplicate(state)), jax.random.fold_in(eval_key, epoch)  # [runs, ...]
+    policy, key = (
+        trainer.policy(devices.unreplicate(state)),
+        jax.random.fold_in(eval_key, epoch),
+    )  # [runs, ...]
     dist = make_distribution(trainer.env.action_space(trainer.env_params))
     returns = {}
     for depth in range(1, config.n_layers + 1):
         act = lambda p, obs, key, depth=depth: greedy_action(p, obs, dist, config, depth)  # noqa: E731
-        seeds = jax.vmap(lambda p, k: envs.evaluate(trainer.env, trainer.env_params, act, p, k, config.eval_episodes))
+        seeds = jax.vmap(
+            lambda p, k: envs.evaluate(
+                trainer.env, trainer.env_params, act, p, k, config.eval_episodes
+            )
+        )
         fn = jax.jit(lambda policy, key: seeds(policy, sweep.eval_keys(key, config)))
         returns[str(depth)] = np.asarray(fn(policy, key))  # compiled as run.train's evaluation is
-    return {"eval_return_by_depth": {d: float(r.mean()) for d, r in returns.items()},
-            "eval_return_by_depth_per_seed": {d: r.tolist() for d, r in returns.items()}}
+    return {
+        "eval_return_by_depth": {d: float(r.mean()) for d, r in returns.items()},
+        "eval_return_by_depth_per_seed": {d: r.tolist() for d, r in returns.items()},
+    }
 
 
 def main(argv=None) -> dict:
@@ -430,17 +592,25 @@ def main(argv=None) -> dict:
     grad_steps = config.total_steps // (config.num_envs * config.num_steps) * per_epoch
     unskipped = skipping.steps_without_skipping(config.n_layers, config.skip_warmup_steps)
     if config.skip_fraction and grad_steps <= unskipped:  # the same run for every --skip-fraction
-        print(f"warning: --skip-fraction {config.skip_fraction} changes nothing in this run: its {grad_steps} gradient "
-              f"steps all come before step {unskipped} (--skip-warmup-steps / --n-layers), and until then the warmup "
-              f"runs every block; train for at least "
-              f"{(unskipped // per_epoch + 1) * config.num_envs * config.num_steps:,} environment steps, or lower "
-              f"--skip-warmup-steps", file=sys.stderr)
+        print(
+            f"warning: --skip-fraction {config.skip_fraction} changes nothing in this run: its {grad_steps} gradient "
+            f"steps all come before step {unskipped} (--skip-warmup-steps / --n-layers), and until then the warmup "
+            f"runs every block; train for at least "
+            f"{(unskipped // per_epoch + 1) * config.num_envs * config.num_steps:,} environment steps, or lower "
+            f"--skip-warmup-steps",
+            file=sys.stderr,
+        )
     run_dir, summary = run.launch(config, make_trainer, "skip_transformer")
-    if jax.process_index() != 0:  # several hosts: the chief evaluates the depths (programs of one device)
+    if (
+        jax.process_index() != 0
+    ):  # several hosts: the chief evaluates the depths (programs of one device)
         return summary
     summary.update(evaluate_depths(config, run_dir))
-    print("greedy return by depth (blocks run): " + ", ".join(
-        f"{d}: {r:.2f}" for d, r in summary["eval_return_by_depth"].items()), flush=True)
+    print(
+        "greedy return by depth (blocks run): "
+        + ", ".join(f"{d}: {r:.2f}" for d, r in summary["eval_return_by_depth"].items()),
+        flush=True,
+    )
     if not config.eval_only and (run_dir / "summary.json").exists():
         outputs.write_json(run_dir / "summary.json", summary, run_dir)
     return summary

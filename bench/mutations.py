@@ -35,14 +35,14 @@ class Mutation(NamedTuple):
 MUTATIONS = [
     # Kinds that survived the suite once (issue "Tests that catch the bugs that matter").
     Mutation("ppo-gae-done-as-terminated", "algos/ppo_joint.py",
-             "gae(rewards, traj.value, next_values, traj.terminated, traj.done,",
-             "gae(rewards, traj.value, next_values, traj.done, traj.done,",
+             "rewards, traj.value, next_values, traj.terminated, traj.done, config.gamma, lam",
+             "rewards, traj.value, next_values, traj.done, traj.done, config.gamma, lam",
              ("tests/test_wiring.py", "tests/test_ppo_joint.py")),
     Mutation("ac-truncation-from-reset-obs", "algos/actor_critic.py",
              'final_obs=info["final_observation"]', "final_obs=obs",
              ("tests/test_wiring.py", "tests/test_actor_critic.py")),
     Mutation("awr-ignores-q-aggregate", "algos/awr.py",
-             "aggregate_q(next_q, next_log_mu, config.q_aggregate,", 'aggregate_q(next_q, next_log_mu, "mean",',
+             "next_log_mu,\n                config.q_aggregate,", 'next_log_mu,\n                "mean",',
              ("tests/test_wiring.py", "tests/test_awr.py")),
     Mutation("awr-reweight-without-stop-gradient", "algos/awr.py",
              "jnp.exp(jax.lax.stop_gradient(log_pi) - log_mu)", "jnp.exp(log_pi - log_mu)",
@@ -128,15 +128,16 @@ MUTATIONS = [
              "jnp.maximum(jnp.sqrt(stats.stats.var), 1.0)", "jnp.sqrt(stats.stats.var)",
              ("tests/test_wiring.py", "tests/test_normalize_obs.py")),
     Mutation("dqn-truncated-row-bootstraps-from-next-row", "algos/dqn_value.py",
-             "boot_obs = jnp.where(expand(slot >= 0), replay.final[jnp.maximum(slot, 0), env],",
-             "boot_obs = jnp.where(expand(slot < -1), replay.final[jnp.maximum(slot, 0), env],",
+             "expand(slot >= 0),\n        replay.final[jnp.maximum(slot, 0), env],",
+             "expand(slot < -1),\n        replay.final[jnp.maximum(slot, 0), env],",
              ("tests/test_dqn_value.py",)),
     Mutation("conv-torso-auto-picks-mlp-for-images", "common/nets.py",
              'return torso == "conv" or (torso == "auto" and image)', 'return torso == "conv"',
              ("tests/test_nets.py",)),
     Mutation("sweep-members-seed-major", "common/sweep.py",
-             "jnp.repeat(jnp.asarray([m.get(name, getattr(config, name)) for m in members],",
-             "jnp.tile(jnp.asarray([m.get(name, getattr(config, name)) for m in members],", ("tests/test_promises.py",)),
+             "jnp.repeat(\n                jnp.asarray([m.get(name, getattr(config, name)) for m in members]",
+             "jnp.tile(\n                jnp.asarray([m.get(name, getattr(config, name)) for m in members]",
+             ("tests/test_promises.py",)),
 ]
 
 

@@ -11,6 +11,7 @@ with a message, before anything compiles.
 
     act = checkpoints.load_agent("runs/awr-...", awr.Config, awr.make_trainer)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,15 +33,20 @@ def save(directory: Path, state, epoch: int, keep: int = cli.RunConfig.keep_chec
     """Writes the whole state atomically (temporary file, then rename); keeps the newest `keep`."""
     directory.mkdir(parents=True, exist_ok=True)
     leaves, treedef = jax.tree.flatten(jax.device_get(state))
-    meta = {"epoch": epoch, "treedef": str(treedef),
-            "leaves": [[list(np.shape(x)), str(np.asarray(x).dtype)] for x in leaves]}
+    meta = {
+        "epoch": epoch,
+        "treedef": str(treedef),
+        "leaves": [[list(np.shape(x)), str(np.asarray(x).dtype)] for x in leaves],
+    }
     arrays = {f"leaf_{i:05d}": np.asarray(x) for i, x in enumerate(leaves)}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     path = directory / f"epoch_{epoch:06d}.npz"
     tmp = directory / f".tmp_{epoch:06d}.npz"
     try:
         with open(tmp, "wb") as fh:
-            np.savez_compressed(fh, **arrays)  # MinAtar's replay of sparse 0/1 observations: ~70x smaller
+            np.savez_compressed(
+                fh, **arrays
+            )  # MinAtar's replay of sparse 0/1 observations: ~70x smaller
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -54,8 +60,11 @@ def save(directory: Path, state, epoch: int, keep: int = cli.RunConfig.keep_chec
 
 def non_finite(state) -> list[str]:
     """The paths of the state's floating-point leaves holding a NaN or an infinity."""
-    return [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(state)
-            if np.issubdtype(np.asarray(x).dtype, np.inexact) and not np.isfinite(x).all()]
+    return [
+        jax.tree_util.keystr(path)
+        for path, x in jax.tree_util.tree_leaves_with_path(state)
+        if np.issubdtype(np.asarray(x).dtype, np.inexact) and not np.isfinite(x).all()
+    ]
 
 
 # A policy parameter larger than this in magnitude marks a run that diverged before its values became inf or
@@ -64,23 +73,32 @@ def non_finite(state) -> list[str]:
 DIVERGED_PARAMETER = 1e6
 
 
-def divergence_advice(config, saved: Path | None, run_dir: Path, largest_parameter: float = 0.0) -> str:
+def divergence_advice(
+    config, saved: Path | None, run_dir: Path, largest_parameter: float = 0.0
+) -> str:
     """What to do after a divergence: --resume with a lower learning rate, or without a good checkpoint a new run.
 
     `largest_parameter` is the largest magnitude among the policy's parameters in `saved`.
     """
-    lower = " ".join(f"{cli.flag_name(k)} {getattr(config, k) / 10:.3g}" for k in cli.float_flags(type(config))
-                     if "lr" in k.split("_"))
+    lower = " ".join(
+        f"{cli.flag_name(k)} {getattr(config, k) / 10:.3g}"
+        for k in cli.float_flags(type(config))
+        if "lr" in k.split("_")
+    )
     if saved is None:
         return f"No checkpoint was saved: start a new run with a lower learning rate ({lower}) or a --max-grad-norm."
     if largest_parameter > DIVERGED_PARAMETER:
-        return (f"The newest checkpoint, {saved}, is finite but its policy's parameters reach "
-                f"{largest_parameter:.3g}: it had diverged already. Start a new run with a lower learning rate "
-                f"({lower}) or a --max-grad-norm: --out-dir {run_dir} --overwrite, or another --out-dir.")
+        return (
+            f"The newest checkpoint, {saved}, is finite but its policy's parameters reach "
+            f"{largest_parameter:.3g}: it had diverged already. Start a new run with a lower learning rate "
+            f"({lower}) or a --max-grad-norm: --out-dir {run_dir} --overwrite, or another --out-dir."
+        )
     floats = ", ".join(map(cli.flag_name, cli.float_flags(type(config))))
-    return (f"Last good checkpoint: {saved}. Continue from it with a lower learning rate: --resume {run_dir} {lower} "
-            f"(--resume takes the float flags: {floats}, and records the change in {run_dir / 'changes.jsonl'}); "
-            f"or start a new run.")
+    return (
+        f"Last good checkpoint: {saved}. Continue from it with a lower learning rate: --resume {run_dir} {lower} "
+        f"(--resume takes the float flags: {floats}, and records the change in {run_dir / 'changes.jsonl'}); "
+        f"or start a new run."
+    )
 
 
 def latest(directory: Path) -> Path | None:
@@ -98,20 +116,28 @@ def load(path: Path, template):
     fix = "resume with the run's own flags (they are read from its config.json) or start a new --out-dir"
     meta, leaves = _read(path, leaves=True)
     want, treedef = jax.tree.flatten(template)
-    if len(want) != len(leaves) or str(treedef) != meta["treedef"]:  # e.g. obs_stats beside the state, not in it
-        raise cli.ConfigError(f"checkpoint {path} holds a different state structure than this script builds: it "
-                              f"was written by an older layout of this script's state (or with other flags, or by "
-                              f"another script); start a new run (another --out-dir), or use the commit that wrote it")
+    if (
+        len(want) != len(leaves) or str(treedef) != meta["treedef"]
+    ):  # e.g. obs_stats beside the state, not in it
+        raise cli.ConfigError(
+            f"checkpoint {path} holds a different state structure than this script builds: it "
+            f"was written by an older layout of this script's state (or with other flags, or by "
+            f"another script); start a new run (another --out-dir), or use the commit that wrote it"
+        )
     # Every leaf is [devices, ...]; other axes may differ too (the environments are split over the devices).
     saved_rows, want_rows = {got.shape[0] for got in leaves}, {w.shape[0] for w in want}
     if len(saved_rows) == 1 and len(want_rows) == 1 and saved_rows != want_rows:
         [saved], [wanted] = saved_rows, want_rows
-        raise cli.ConfigError(f"checkpoint {path} holds the state of {saved} device(s) and this run has {wanted}: "
-                              f"resume with --n-devices {saved} (the devices hold the environments and seeds)")
+        raise cli.ConfigError(
+            f"checkpoint {path} holds the state of {saved} device(s) and this run has {wanted}: "
+            f"resume with --n-devices {saved} (the devices hold the environments and seeds)"
+        )
     for i, (w, got) in enumerate(zip(want, leaves)):
         if tuple(w.shape) != got.shape or np.dtype(w.dtype) != got.dtype:
-            raise cli.ConfigError(f"checkpoint {path}: leaf {i} is {got.shape} {got.dtype}, this run expects "
-                                  f"{tuple(w.shape)} {np.dtype(w.dtype)}; {fix}")
+            raise cli.ConfigError(
+                f"checkpoint {path}: leaf {i} is {got.shape} {got.dtype}, this run expects "
+                f"{tuple(w.shape)} {np.dtype(w.dtype)}; {fix}"
+            )
     return jax.tree.unflatten(treedef, leaves), int(meta["epoch"])
 
 
@@ -120,10 +146,14 @@ def _read(path: Path, leaves: bool):
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(bytes(data["meta"]).decode())
-            return meta, [data[f"leaf_{i:05d}"] for i in range(len(meta["leaves"]))] if leaves else None
+            return meta, [
+                data[f"leaf_{i:05d}"] for i in range(len(meta["leaves"]))
+            ] if leaves else None
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as error:
-        raise Corrupt(f"checkpoint {path} is unreadable or corrupt ({error}); delete it to fall back "
-                      f"to an older one, or start a new --out-dir") from None
+        raise Corrupt(
+            f"checkpoint {path} is unreadable or corrupt ({error}); delete it to fall back "
+            f"to an older one, or start a new --out-dir"
+        ) from None
 
 
 def load_newest(directory: Path, template):
@@ -135,7 +165,9 @@ def load_newest(directory: Path, template):
             return load(path, template)
         except Corrupt as error:
             print(f"warning: {error}", file=sys.stderr, flush=True)
-    raise cli.ConfigError(f"every checkpoint in {directory} is unreadable or corrupt; start a new --out-dir")
+    raise cli.ConfigError(
+        f"every checkpoint in {directory} is unreadable or corrupt; start a new --out-dir"
+    )
 
 
 def resume(run_dir: Path, template, hosts: int):
@@ -143,10 +175,14 @@ def resume(run_dir: Path, template, hosts: int):
 
     The checkpoint holds every host's devices: `hosts` times the rows of `template`.
     """
-    whole = jax.tree.map(lambda s: jax.ShapeDtypeStruct((hosts * s.shape[0],) + s.shape[1:], s.dtype), template)
-    cli.require(latest(run_dir / "checkpoints") is not None,
-                f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}, the run stopped before its first; "
-                f"start it again with its flags and --out-dir {run_dir} --overwrite")
+    whole = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct((hosts * s.shape[0],) + s.shape[1:], s.dtype), template
+    )
+    cli.require(
+        latest(run_dir / "checkpoints") is not None,
+        f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}, the run stopped before its first; "
+        f"start it again with its flags and --out-dir {run_dir} --overwrite",
+    )
     try:
         state, epoch = load_newest(run_dir / "checkpoints", whole)
     except cli.ConfigError as error:
@@ -172,17 +208,31 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
     config = cli.load_config(config_cls, run_dir)
     ckpt = latest(run_dir / "checkpoints")
     cli.require(ckpt is not None, f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
-    n_devices = _read(ckpt, leaves=False)[0]["leaves"][0][0][0]  # the state's leading axis: the run's devices
-    trainer, keys, values = sweep.build(dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices,
-                                        jax.random.PRNGKey(0))
+    n_devices = _read(ckpt, leaves=False)[0]["leaves"][0][0][
+        0
+    ]  # the state's leading axis: the run's devices
+    trainer, keys, values = sweep.build(
+        dataclasses.replace(config, n_devices=n_devices),
+        make_trainer,
+        n_devices,
+        jax.random.PRNGKey(0),
+    )
     state, _ = load(ckpt, jax.eval_shape(devices.map_init(trainer.init), keys, values))
     params = jax.tree.map(lambda x: x[0], trainer.policy(state))  # as held by device 0: [runs, ...]
     runs = sweep.n_runs(config)
     if seed is not None or runs == 1:
-        cli.require(0 <= (seed or 0) < runs, f"seed={seed}: the run has {runs} seed(s) (x sweep members)")
+        cli.require(
+            0 <= (seed or 0) < runs, f"seed={seed}: the run has {runs} seed(s) (x sweep members)"
+        )
         params = jax.tree.map(lambda x: x[seed or 0], params)
-    windowed = hasattr(trainer.env, "window_shape")  # the env's observations are windows (see Trainer): act reads those
-    obs_ndim = len(trainer.env.window_shape if windowed else trainer.env.observation_space(trainer.env_params).shape)
+    windowed = hasattr(
+        trainer.env, "window_shape"
+    )  # the env's observations are windows (see Trainer): act reads those
+    obs_ndim = len(
+        trainer.env.window_shape
+        if windowed
+        else trainer.env.observation_space(trainer.env_params).shape
+    )
 
     @jax.jit
     def greedy(obs, key):
@@ -193,7 +243,9 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
             act = jax.vmap(act, (0, None))
         return act(params, obs)
 
-    encode = getattr(trainer.env, "encode", lambda obs: obs)  # the environment's own observations, as trained on
+    encode = getattr(
+        trainer.env, "encode", lambda obs: obs
+    )  # the environment's own observations, as trained on
 
     def act(obs, key=None):
         return greedy(encode(jnp.asarray(obs)), jax.random.PRNGKey(0) if key is None else key)
@@ -233,12 +285,15 @@ class WindowAgent:
 
     def __call__(self, obs, key=None, first=False):
         obs = jnp.asarray(obs)
-        batch = obs.shape[:obs.ndim - len(self._env.raw_obs_shape)]
+        batch = obs.shape[: obs.ndim - len(self._env.raw_obs_shape)]
         if self.windows is None:
             self.windows = jnp.zeros(batch + self._env.window_shape, jnp.float32)
-        cli.require(self.windows.shape[:-2] == batch, f"obs holds observations of {batch or 'one'} environment(s), "
-                                                      f"the agent's windows {self.windows.shape[:-2] or 'one'}; "
-                                                      f"call reset() first to act on another number")
+        cli.require(
+            self.windows.shape[:-2] == batch,
+            f"obs holds observations of {batch or 'one'} environment(s), "
+            f"the agent's windows {self.windows.shape[:-2] or 'one'}; "
+            f"call reset() first to act on another number",
+        )
         first = jnp.broadcast_to(jnp.asarray(first, bool), batch)
         self.windows = (self._observe_batch if batch else self._observe)(self.windows, obs, first)
         return self._act(self.windows, key)

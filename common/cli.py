@@ -8,6 +8,7 @@ anything compiles. Its float flags enter the compiled programs as inputs
 but for those it names in `SWITCHES` (whose 0 switches a term off, `off`)
 and `STATIC_FLOATS` (constants of the programs).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,7 @@ import types
 import typing
 from pathlib import Path
 from typing import Callable
+
 
 # ----------------------------------------------------------------------------
 # Config and CLI
@@ -89,24 +91,47 @@ class RunConfig:
     def __post_init__(self):
         for name, kind in typing.get_type_hints(type(self)).items():  # what JAX can compute with
             value = getattr(self, name)
-            require(kind is not float or math.isfinite(value), f"{flag_name(name)} {value}: use a finite number")
-            require(kind is not int or abs(value) < 2**31, f"{flag_name(name)} {value}: too large; JAX computes "
-                                                           f"with 32-bit integers: use at most {2**31 - 1}")
+            require(
+                kind is not float or math.isfinite(value),
+                f"{flag_name(name)} {value}: use a finite number",
+            )
+            require(
+                kind is not int or abs(value) < 2**31,
+                f"{flag_name(name)} {value}: too large; JAX computes "
+                f"with 32-bit integers: use at most {2**31 - 1}",
+            )
         require(self.num_seeds >= 1, f"--num-seeds {self.num_seeds}: use 1 or more")
-        require(self.n_devices >= 0, f"--n-devices {self.n_devices}: use 0 (all) or a positive count")
+        require(
+            self.n_devices >= 0, f"--n-devices {self.n_devices}: use 0 (all) or a positive count"
+        )
         require(self.total_steps > 0, f"--total-steps {self.total_steps}: use a positive number")
         require(self.eval_every >= 0, f"--eval-every {self.eval_every}: use 0 or more")
         require(self.eval_episodes >= 1, f"--eval-episodes {self.eval_episodes}: use 1 or more")
-        require(self.target_return is None or (math.isfinite(self.target_return) and self.eval_every > 0),
-                f"--target-return {self.target_return}: use a finite return, with --eval-every 1 or more (the "
-                f"evaluations that check it)")
-        require(self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more")
-        require(self.keep_checkpoints >= 1, f"--keep-checkpoints {self.keep_checkpoints}: use 1 or more "
-                                            f"(2 or more leave one to resume from if the newest is damaged)")
-        require(not self.eval_only or self.resume, "--eval-only needs --resume DIR (the run to evaluate)")
-        require(not (self.overwrite and self.resume), "--overwrite starts a new run; --resume continues one: "
-                                                      "give one of them")
-        for member in sweep_members(self) if self.sweep else ():  # every member's flags must be valid
+        require(
+            self.target_return is None
+            or (math.isfinite(self.target_return) and self.eval_every > 0),
+            f"--target-return {self.target_return}: use a finite return, with --eval-every 1 or more (the "
+            f"evaluations that check it)",
+        )
+        require(
+            self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more"
+        )
+        require(
+            self.keep_checkpoints >= 1,
+            f"--keep-checkpoints {self.keep_checkpoints}: use 1 or more "
+            f"(2 or more leave one to resume from if the newest is damaged)",
+        )
+        require(
+            not self.eval_only or self.resume,
+            "--eval-only needs --resume DIR (the run to evaluate)",
+        )
+        require(
+            not (self.overwrite and self.resume),
+            "--overwrite starts a new run; --resume continues one: give one of them",
+        )
+        for member in (
+            sweep_members(self) if self.sweep else ()
+        ):  # every member's flags must be valid
             dataclasses.replace(self, sweep=(), **member)
 
 
@@ -123,24 +148,45 @@ def sweep_members(config) -> list[dict]:
         name, _, text = item.partition("=")
         name = name.lstrip("-").replace("-", "_")
         require(bool(text), f"--sweep {item!r}: use NAME=V1,V2,..., e.g. --sweep lr=1e-3,3e-4")
-        require(name in floats, f"--sweep {item!r}: {name} is not a float flag of this script; "
-                                f"sweep one of {', '.join(floats)}")
+        require(
+            name in floats,
+            f"--sweep {item!r}: {name} is not a float flag of this script; "
+            f"sweep one of {', '.join(floats)}",
+        )
         require(name not in axes, f"--sweep {item!r}: {name} is swept twice; give its values once")
         try:
             axes[name] = [float(v) for v in text.split(",")]
         except ValueError:
-            raise ConfigError(f"--sweep {item!r}: {text!r} holds a value that is not a number") from None
+            raise ConfigError(
+                f"--sweep {item!r}: {text!r} holds a value that is not a number"
+            ) from None
         repeated = sorted({v for v in axes[name] if axes[name].count(v) > 1})
-        require(not repeated, f"--sweep {item!r}: {', '.join(f'{v:g}' for v in repeated)} given twice, which "
-                              f"would train identical members; give each value once")
+        require(
+            not repeated,
+            f"--sweep {item!r}: {', '.join(f'{v:g}' for v in repeated)} given twice, which "
+            f"would train identical members; give each value once",
+        )
     return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
 # Flags that steer this invocation rather than define the run: on --resume they
 # come from the command line, everything else from the run's config.json (but
 # for the float flags given, see `parse_config`).
-RUN_CONTROL = ("resume", "overwrite", "eval_only", "track", "no_compile_cache", "eval_episodes", "keep_checkpoints",
-               "target_return", "n_devices", "coordinator", "num_processes", "process_id", "coordinator_timeout")
+RUN_CONTROL = (
+    "resume",
+    "overwrite",
+    "eval_only",
+    "track",
+    "no_compile_cache",
+    "eval_episodes",
+    "keep_checkpoints",
+    "target_return",
+    "n_devices",
+    "coordinator",
+    "num_processes",
+    "process_id",
+    "coordinator_timeout",
+)
 
 
 class ConfigError(ValueError):
@@ -158,7 +204,10 @@ def require(ok: bool, message: str) -> None:
 def require_non_negative(config, *names: str) -> None:
     """Coefficients (of a loss term, an entropy bonus): 0 (the term off) or more."""
     for name in names:
-        require(getattr(config, name) >= 0, f"{flag_name(name)} {getattr(config, name)}: use 0 (off) or more")
+        require(
+            getattr(config, name) >= 0,
+            f"{flag_name(name)} {getattr(config, name)}: use 0 (off) or more",
+        )
 
 
 def off(value) -> bool:
@@ -176,8 +225,12 @@ def field_docs(cls) -> dict[str, str]:
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
         for node, nxt in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+            ):
                 docs[node.target.id] = str(nxt.value.value).strip()
     return docs
 
@@ -192,13 +245,20 @@ def _parse_bool(text: str) -> bool:
 
 def _list_of(item: type) -> Callable:
     """Parses `64` or a list as Python prints it, `[64, 64]`, into a list of `item` (str: as given)."""
+
     def parse(text: str) -> list:
         if item is str:
             return [text]
         try:
-            return [item(part) for part in text.replace("[", " ").replace("]", " ").replace(",", " ").split()]
+            return [
+                item(part)
+                for part in text.replace("[", " ").replace("]", " ").replace(",", " ").split()
+            ]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {item.__name__} values, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected {item.__name__} values, got {text!r}"
+            ) from None
+
     return parse
 
 
@@ -207,7 +267,11 @@ class _Once(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if self.dest in parser.given:
-            also = "" if parser.given[self.dest] == option_string else f" (also as {parser.given[self.dest]})"
+            also = (
+                ""
+                if parser.given[self.dest] == option_string
+                else f" (also as {parser.given[self.dest]})"
+            )
             parser.error(f"{option_string} is given twice{also}; give it once")
         parser.given[self.dest] = option_string
         setattr(namespace, self.dest, values)
@@ -215,7 +279,9 @@ class _Once(argparse.Action):
 
 class _Concatenate(_Once):
     def __call__(self, parser, namespace, values, option_string=None):
-        super().__call__(parser, namespace, tuple(x for value in values for x in value), option_string)
+        super().__call__(
+            parser, namespace, tuple(x for value in values for x in value), option_string
+        )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -226,7 +292,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(cls, description: str) -> argparse.ArgumentParser:
-    parser = _Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _Parser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.given = {}  # field -> the flag that set it, as parsed
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -237,13 +305,22 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
             spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL", action=_Once)
         elif typing.get_origin(kind) is typing.Literal:
             spec = dict(choices=typing.get_args(kind), action=_Once)
-        elif typing.get_origin(kind) is tuple:  # `--hidden 64 64` or `--hidden=[64, 64]` (a wandb agent)
+        elif (
+            typing.get_origin(kind) is tuple
+        ):  # `--hidden 64 64` or `--hidden=[64, 64]` (a wandb agent)
             item = typing.get_args(kind)[0]
-            spec = dict(type=_list_of(item), nargs="+", action=_Concatenate, metavar=item.__name__.upper())
+            spec = dict(
+                type=_list_of(item), nargs="+", action=_Concatenate, metavar=item.__name__.upper()
+            )
         else:
             spec = dict(type=kind, metavar=kind.__name__.upper(), action=_Once)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default,
-                            help=docs.get(f.name, f.name), **spec)
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            default=f.default,
+            help=docs.get(f.name, f.name),
+            **spec,
+        )
         if "_" in f.name:  # snake_case alias, hidden from --help
             parser.add_argument(f"--{f.name}", dest=f.name, help=argparse.SUPPRESS, **spec)
     return parser
@@ -262,18 +339,32 @@ def parse_config(cls, argv=None, description: str = ""):
     try:
         if args["resume"]:
             saved = load_config(cls, Path(args["resume"]))
-            changed = {k: args[k] for k in parser.given if k not in RUN_CONTROL and args[k] != getattr(saved, k)}
+            changed = {
+                k: args[k]
+                for k in parser.given
+                if k not in RUN_CONTROL and args[k] != getattr(saved, k)
+            }
             fixed = [k for k in changed if k not in float_flags(cls)]
-            takes = map(flag_name, float_flags(cls) + [k for k in RUN_CONTROL if k not in ("resume", "overwrite")])
-            require(not fixed, f"--resume {args['resume']} continues that run with the flags of its config.json; "
-                               f"it cannot change {', '.join(map(flag_name, fixed))}: start a new run for "
-                               f"that. --resume takes the float flags and run flags: {', '.join(takes)}")
+            takes = map(
+                flag_name,
+                float_flags(cls) + [k for k in RUN_CONTROL if k not in ("resume", "overwrite")],
+            )
+            require(
+                not fixed,
+                f"--resume {args['resume']} continues that run with the flags of its config.json; "
+                f"it cannot change {', '.join(map(flag_name, fixed))}: start a new run for "
+                f"that. --resume takes the float flags and run flags: {', '.join(takes)}",
+            )
             swept = [k for k in changed if any(k in member for member in sweep_members(saved))]
-            require(not swept, f"--resume {args['resume']}: {', '.join(map(flag_name, swept))} is swept in that "
-                               f"run (--sweep {' '.join(saved.sweep)}), each member at its own value; resume "
-                               f"without it, or start a new run to sweep other values")
-            config = dataclasses.replace(saved, **{k: args[k] for k in RUN_CONTROL}, **changed,
-                                         out_dir=args["resume"])
+            require(
+                not swept,
+                f"--resume {args['resume']}: {', '.join(map(flag_name, swept))} is swept in that "
+                f"run (--sweep {' '.join(saved.sweep)}), each member at its own value; resume "
+                f"without it, or start a new run to sweep other values",
+            )
+            config = dataclasses.replace(
+                saved, **{k: args[k] for k in RUN_CONTROL}, **changed, out_dir=args["resume"]
+            )
         else:
             config = cls(**args)
     except ConfigError as error:
@@ -288,30 +379,52 @@ def flag_name(field: str) -> str:
 def load_config(cls, run_dir: Path):
     path = run_dir / "config.json"
     if not path.is_file():
-        raise ConfigError(f"--resume {run_dir}: no config.json there; pass the directory of an earlier run")
+        raise ConfigError(
+            f"--resume {run_dir}: no config.json there; pass the directory of an earlier run"
+        )
     try:
         saved = json.loads(path.read_text(errors="replace"))
     except ValueError as error:
-        raise ConfigError(f"--resume {run_dir}: {path} is not JSON ({error}); repair it or start a new run") from None
-    require(isinstance(saved, dict), f"--resume {run_dir}: {path} holds no flags ({type(saved).__name__}); "
-                                     f"repair it or start a new run")
+        raise ConfigError(
+            f"--resume {run_dir}: {path} is not JSON ({error}); repair it or start a new run"
+        ) from None
+    require(
+        isinstance(saved, dict),
+        f"--resume {run_dir}: {path} holds no flags ({type(saved).__name__}); "
+        f"repair it or start a new run",
+    )
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(saved) - set(hints))
-    require(not unknown, f"--resume {run_dir}: {path} has flags this script does not know "
-                         f"({', '.join(unknown)}); was it written by another script?")
+    require(
+        not unknown,
+        f"--resume {run_dir}: {path} has flags this script does not know "
+        f"({', '.join(unknown)}); was it written by another script?",
+    )
     saved = {**{k: v for k, v in cls.LEGACY.items() if k in hints}, **saved}
     missing = sorted(set(hints) - set(saved) - set(RUN_CONTROL))
-    require(not missing, f"--resume {run_dir}: {path} lacks {', '.join(missing)}; add them (this script's defaults: "
-                         f"{', '.join(f'{k}: {json.dumps(getattr(cls, k))}' for k in missing)}) or start a new run")
+    require(
+        not missing,
+        f"--resume {run_dir}: {path} lacks {', '.join(missing)}; add them (this script's defaults: "
+        f"{', '.join(f'{k}: {json.dumps(getattr(cls, k))}' for k in missing)}) or start a new run",
+    )
     for name, value in saved.items():
-        require(_fits(hints[name], value), f"--resume {run_dir}: {path} sets {name} to {json.dumps(value)}, "
-                                           f"not {_describe(hints[name])}; repair it or start a new run")
+        require(
+            _fits(hints[name], value),
+            f"--resume {run_dir}: {path} sets {name} to {json.dumps(value)}, "
+            f"not {_describe(hints[name])}; repair it or start a new run",
+        )
     try:
-        return cls(**{k: tuple(v) if isinstance(v, list) else float(v) if hints[k] is float else v
-                      for k, v in saved.items()})
+        return cls(
+            **{
+                k: tuple(v) if isinstance(v, list) else float(v) if hints[k] is float else v
+                for k, v in saved.items()
+            }
+        )
     except ConfigError as error:  # a value the file holds, not one given on this command line
-        raise ConfigError(f"--resume {run_dir}: {path} holds a value this script refuses ({error}); repair the "
-                          f"file or start a new run") from None
+        raise ConfigError(
+            f"--resume {run_dir}: {path} holds a value this script refuses ({error}); repair the "
+            f"file or start a new run"
+        ) from None
 
 
 def _fits(kind, value) -> bool:

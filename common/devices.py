@@ -13,6 +13,7 @@ rows `[local devices, num_seeds, ...]` of the state. Parameters start from the
 same key on every host; `device_key` makes environments differ per device and
 per host.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,11 +30,16 @@ from jax.experimental import multihost_utils
 from common import cli
 
 DEVICE_AXIS = "devices"
-ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = "JTRAX_COORDINATOR", "JTRAX_NUM_PROCESSES", "JTRAX_PROCESS_ID"
+ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = (
+    "JTRAX_COORDINATOR",
+    "JTRAX_NUM_PROCESSES",
+    "JTRAX_PROCESS_ID",
+)
 
 
-def init_distributed(coordinator: str = "", num_processes: int = 0, process_id: int = -1,
-                     timeout_s: int = 120) -> None:
+def init_distributed(
+    coordinator: str = "", num_processes: int = 0, process_id: int = -1, timeout_s: int = 120
+) -> None:
     """Joins a multi-host run with `jax.distributed.initialize`; call before anything touches a device.
 
     Unset arguments (`""`, 0, -1) come from $JTRAX_COORDINATOR, $JTRAX_NUM_PROCESSES
@@ -47,27 +53,43 @@ def init_distributed(coordinator: str = "", num_processes: int = 0, process_id: 
     process_id = process_id if process_id != -1 else _env_int(ENV_PROCESS_ID, "--process-id", -1)
     if not coordinator:
         if num_processes > 1 or process_id > 0:
-            raise cli.ConfigError(f"--num-processes {num_processes} / --process-id {process_id} need "
-                                  f"--coordinator HOST:PORT (or ${ENV_COORDINATOR}): the address of process 0")
+            raise cli.ConfigError(
+                f"--num-processes {num_processes} / --process-id {process_id} need "
+                f"--coordinator HOST:PORT (or ${ENV_COORDINATOR}): the address of process 0"
+            )
         return
     host, _, port = coordinator.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise cli.ConfigError(f"--coordinator {coordinator!r}: use HOST:PORT, e.g. 10.0.0.1:12345 "
-                              f"(process 0's address and a free port)")
+        raise cli.ConfigError(
+            f"--coordinator {coordinator!r}: use HOST:PORT, e.g. 10.0.0.1:12345 "
+            f"(process 0's address and a free port)"
+        )
     if num_processes < 1:
-        raise cli.ConfigError(f"--num-processes {num_processes}: give the number of processes of the run, "
-                              f"1 or more (--num-processes or ${ENV_NUM_PROCESSES})")
+        raise cli.ConfigError(
+            f"--num-processes {num_processes}: give the number of processes of the run, "
+            f"1 or more (--num-processes or ${ENV_NUM_PROCESSES})"
+        )
     if not 0 <= process_id < num_processes:
-        raise cli.ConfigError(f"--process-id {process_id}: use 0 to {num_processes - 1} (one per process, "
-                              f"0 is the chief; --process-id or ${ENV_PROCESS_ID})")
+        raise cli.ConfigError(
+            f"--process-id {process_id}: use 0 to {num_processes - 1} (one per process, "
+            f"0 is the chief; --process-id or ${ENV_PROCESS_ID})"
+        )
     if timeout_s < 1:
         raise cli.ConfigError(f"--coordinator-timeout {timeout_s}: use 1 second or more")
-    print(f"process {process_id} of {num_processes}: joining {coordinator}; jax aborts this process if "
-          f"not every process has joined within {timeout_s} s", file=sys.stderr, flush=True)
+    print(
+        f"process {process_id} of {num_processes}: joining {coordinator}; jax aborts this process if "
+        f"not every process has joined within {timeout_s} s",
+        file=sys.stderr,
+        flush=True,
+    )
     if process_id != 0:
         _wait_for_port(host.strip("[]"), int(port), coordinator, timeout_s)
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id, initialization_timeout=timeout_s)
+    jax.distributed.initialize(
+        coordinator_address=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=timeout_s,
+    )
 
 
 def _env_int(name: str, flag: str, default: int) -> int:
@@ -82,14 +104,17 @@ def _wait_for_port(host: str, port: int, coordinator: str, timeout_s: float) -> 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))).close()
+            socket.create_connection(
+                (host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))
+            ).close()
             return
         except OSError as error:
             if time.monotonic() >= deadline:
                 raise SystemExit(
                     f"error: no coordinator at {coordinator} after {timeout_s} s ({error}). Check that process 0 "
                     f"runs with the same --coordinator, that {host} is its address as seen from this host, "
-                    f"and that port {port} is open between the hosts.") from None
+                    f"and that port {port} is open between the hosts."
+                ) from None
             time.sleep(0.5)
 
 
@@ -115,21 +140,30 @@ def init_host_and_devices(n_devices: int | None = None, random_seed: int | None 
     if host_count > 1:
         per_host = [sum(d.process_index == p for d in jax.devices()) for p in range(host_count)]
         if n_devices != available or len(set(per_host)) > 1:
-            raise cli.ConfigError(f"--n-devices {n_devices}: a run over {host_count} hosts uses every device of "
-                                  f"every host, the same number on each (devices per host: {per_host}); "
-                                  f"leave --n-devices at 0")
+            raise cli.ConfigError(
+                f"--n-devices {n_devices}: a run over {host_count} hosts uses every device of "
+                f"every host, the same number on each (devices per host: {per_host}); "
+                f"leave --n-devices at 0"
+            )
     if random_seed is None:
-        random_seed = 0 if host_count == 1 else int(multihost_utils.broadcast_one_to_all(
-            np.int32(time.time() * 1000 % 2**31)))
-    rng = jax.random.fold_in(jax.random.PRNGKey(random_seed), 0)  # 0: the chief's key, on every host
+        random_seed = (
+            0
+            if host_count == 1
+            else int(multihost_utils.broadcast_one_to_all(np.int32(time.time() * 1000 % 2**31)))
+        )
+    rng = jax.random.fold_in(
+        jax.random.PRNGKey(random_seed), 0
+    )  # 0: the chief's key, on every host
     return Host(is_chief=host_id == 0, n_devices=n_devices, rng=rng)
 
 
 def check_n_devices(n_devices: int) -> None:
     available = jax.local_device_count()
     if not 1 <= n_devices <= available:
-        raise cli.ConfigError(f"--n-devices {n_devices}: this host has {available} "
-                              f"{jax.default_backend()} device(s); use --n-devices between 1 and {available}")
+        raise cli.ConfigError(
+            f"--n-devices {n_devices}: this host has {available} "
+            f"{jax.default_backend()} device(s); use --n-devices between 1 and {available}"
+        )
 
 
 def seed_keys(rng: jax.Array, num_seeds: int, n_devices: int) -> jax.Array:
@@ -174,8 +208,12 @@ def map_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0, n_mapp
     per_device = jax.vmap(fn, in_axes)
     donate_argnums = (0,) if donate else ()
     if n_devices > 1 or jax.process_count() > 1:
-        return jax.pmap(per_device, axis_name=DEVICE_AXIS, in_axes=in_axes, donate_argnums=donate_argnums)
-    return jax.jit(jax.vmap(per_device, in_axes, axis_name=DEVICE_AXIS), donate_argnums=donate_argnums)
+        return jax.pmap(
+            per_device, axis_name=DEVICE_AXIS, in_axes=in_axes, donate_argnums=donate_argnums
+        )
+    return jax.jit(
+        jax.vmap(per_device, in_axes, axis_name=DEVICE_AXIS), donate_argnums=donate_argnums
+    )
 
 
 def gather(tree):
@@ -191,12 +229,16 @@ def this_host(tree):
     if jax.process_count() == 1:
         return tree
     n, i = jax.local_device_count(), jax.process_index()
-    return jax.tree.map(lambda x: x[i * n:(i + 1) * n], tree)
+    return jax.tree.map(lambda x: x[i * n : (i + 1) * n], tree)
 
 
 def any_host(flag: bool) -> bool:
     """`flag` or'ed over hosts, so that every host takes the same branch (a collective)."""
-    return flag if jax.process_count() == 1 else bool(multihost_utils.process_allgather(np.bool_(flag)).any())
+    return (
+        flag
+        if jax.process_count() == 1
+        else bool(multihost_utils.process_allgather(np.bool_(flag)).any())
+    )
 
 
 def unreplicate(tree):
@@ -208,7 +250,9 @@ class Layout(NamedTuple):
     n_devices: int  # devices the environments are split over (every host's)
     envs_per_device: int
     rollout_size: int  # transitions of one device and seed per epoch: envs_per_device * num_steps
-    steps_per_epoch: int  # environment steps of one seed per epoch, all devices: num_envs * num_steps
+    steps_per_epoch: (
+        int  # environment steps of one seed per epoch, all devices: num_envs * num_steps
+    )
     num_epochs: int  # total_steps // steps_per_epoch
 
 
@@ -219,13 +263,23 @@ def layout(config) -> Layout:
     evenly and `--total-steps` must hold one epoch (`cli.ConfigError` otherwise).
     """
     n_devices = config.n_devices or jax.local_device_count()
-    cli.require(config.num_envs % n_devices == 0, f"--num-envs {config.num_envs} is not divisible by --n-devices "
-                                                  f"{n_devices}; use a multiple of {n_devices}")
+    cli.require(
+        config.num_envs % n_devices == 0,
+        f"--num-envs {config.num_envs} is not divisible by --n-devices "
+        f"{n_devices}; use a multiple of {n_devices}",
+    )
     steps_per_epoch = config.num_envs * config.num_steps
-    cli.require(config.total_steps >= steps_per_epoch, f"--total-steps {config.total_steps} is less than one epoch "
-                                                       f"({config.num_envs} envs x {config.num_steps} steps = "
-                                                       f"{steps_per_epoch})")
+    cli.require(
+        config.total_steps >= steps_per_epoch,
+        f"--total-steps {config.total_steps} is less than one epoch "
+        f"({config.num_envs} envs x {config.num_steps} steps = "
+        f"{steps_per_epoch})",
+    )
     envs_per_device = config.num_envs // n_devices
-    return Layout(n_devices=n_devices, envs_per_device=envs_per_device,
-                  rollout_size=envs_per_device * config.num_steps, steps_per_epoch=steps_per_epoch,
-                  num_epochs=config.total_steps // steps_per_epoch)
+    return Layout(
+        n_devices=n_devices,
+        envs_per_device=envs_per_device,
+        rollout_size=envs_per_device * config.num_steps,
+        steps_per_epoch=steps_per_epoch,
+        num_epochs=config.total_steps // steps_per_epoch,
+    )

@@ -13,6 +13,7 @@ array a network emits for it (`n_inputs` numbers per state).
 Actions are sampled unclipped (log-probs use the sample itself); `clip_action`
 maps them into the box only when they are sent to the environment.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -75,8 +76,10 @@ class DiagonalGaussian:
 
     def head_init(self, key, n_features: int) -> dict:
         if self.std == "param":
-            return {**nets.dense_init(key, n_features, self.d, 0.01),
-                    "log_std": jnp.zeros((self.d,), jnp.float32)}
+            return {
+                **nets.dense_init(key, n_features, self.d, 0.01),
+                "log_std": jnp.zeros((self.d,), jnp.float32),
+            }
         return nets.dense_init(key, n_features, 2 * self.d, 0.01)
 
     def policy_head(self, params: dict, features: jax.Array) -> jax.Array:
@@ -122,12 +125,17 @@ def make_distribution(space, std: Std = "param"):
     from gymnax.environments import spaces
 
     if isinstance(space, spaces.Discrete):
-        cli.require(std == "param", f"--std {std} applies to continuous actions; this environment has "
-                                    f"{int(space.n)} discrete ones")
+        cli.require(
+            std == "param",
+            f"--std {std} applies to continuous actions; this environment has "
+            f"{int(space.n)} discrete ones",
+        )
         return Categorical(int(space.n))
     if isinstance(space, spaces.Box):
         if std not in ("param", "network"):
             raise cli.ConfigError(f"std must be 'param' or 'network', got {std!r}")
         return DiagonalGaussian(tuple(space.shape), space.low, space.high, std)
-    raise cli.ConfigError(f"no policy distribution for action space {space!r} "
-                          f"({type(space).__name__}); supported: gymnax Discrete and Box spaces")
+    raise cli.ConfigError(
+        f"no policy distribution for action space {space!r} "
+        f"({type(space).__name__}); supported: gymnax Discrete and Box spaces"
+    )

@@ -17,6 +17,7 @@ observations into them (every device's: all devices hold the same numbers),
 `--normalize-reward`): `RewardStats`, `update_reward_stats` and `reward_scale` divide the rewards by a
 running standard deviation of the discounted return, kept the same way.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -81,17 +82,22 @@ def build_env(env_id: str):
         own = tuple(PARTIALLY_OBSERVED)
         known = sorted(gymnax.registered_envs) + list(own)
         close = difflib.get_close_matches(env_id, known, n=3) + [
-            e for e in known if env_id.lower().split("-")[0] in e.lower()]
+            e for e in known if env_id.lower().split("-")[0] in e.lower()
+        ]
         hint = f" Did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
-        raise cli.ConfigError(f"--env {env_id!r} is not a gymnax environment or {', '.join(own)}."
-                              f"{hint} Known ids: {', '.join(known)}")
+        raise cli.ConfigError(
+            f"--env {env_id!r} is not a gymnax environment or {', '.join(own)}."
+            f"{hint} Known ids: {', '.join(known)}"
+        )
     try:
         return gymnax.make(env_id)
     except OSError as error:  # MNISTBandit-bsuite downloads MNIST into /tmp/mnist when it is built
-        raise cli.ConfigError(f"--env {env_id}: gymnax could not fetch the data it builds this environment from "
-                              f"({describe(error)}); run where the network is reachable, or put the files it "
-                              f"downloads where it looks for them (MNIST: the four .gz files of the MNIST "
-                              f"dataset in /tmp/mnist)") from None
+        raise cli.ConfigError(
+            f"--env {env_id}: gymnax could not fetch the data it builds this environment from "
+            f"({describe(error)}); run where the network is reachable, or put the files it "
+            f"downloads where it looks for them (MNIST: the four .gz files of the MNIST "
+            f"dataset in /tmp/mnist)"
+        ) from None
 
 
 def load_custom(env_id: str):
@@ -99,53 +105,97 @@ def load_custom(env_id: str):
     a function returning `(env, env_params)`; the module is looked up on the Python path and in the current
     directory. What does not fit gymnax's interface is a `cli.ConfigError` that says what is missing."""
     module_name, _, name = env_id.partition(":")
-    cli.require(bool(module_name and name), f"--env {env_id}: give package.module:name, e.g. --env corridor:Corridor")
+    cli.require(
+        bool(module_name and name),
+        f"--env {env_id}: give package.module:name, e.g. --env corridor:Corridor",
+    )
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
         target = getattr(importlib.import_module(module_name), name, None)
     except ImportError as error:
-        raise cli.ConfigError(f"--env {env_id}: cannot import {module_name} ({error}); give package.module:name "
-                              f"of a module on the Python path or in the current directory") from None
-    except Exception as error:  # the module's own code failed: a syntax error, an exception at import
-        raise cli.ConfigError(f"--env {env_id}: importing {module_name} raised {describe(error)}; fix the "
-                              f"module") from None
-    cli.require(callable(target), f"--env {env_id}: {module_name} has no class or function {name!r}")
+        raise cli.ConfigError(
+            f"--env {env_id}: cannot import {module_name} ({error}); give package.module:name "
+            f"of a module on the Python path or in the current directory"
+        ) from None
+    except (
+        Exception
+    ) as error:  # the module's own code failed: a syntax error, an exception at import
+        raise cli.ConfigError(
+            f"--env {env_id}: importing {module_name} raised {describe(error)}; fix the module"
+        ) from None
+    cli.require(
+        callable(target), f"--env {env_id}: {module_name} has no class or function {name!r}"
+    )
     try:
         made = target()
     except Exception as error:
-        raise cli.ConfigError(f"--env {env_id}: {name}() raised {describe(error)}; give a class that takes no "
-                              f"arguments, or a function of none returning (env, env_params)") from None
-    env, env_params = made if isinstance(made, tuple) and len(made) == 2 else (made, getattr(made, "default_params",
-                                                                                               None))
-    missing = [m for m in ("reset", "step", "observation_space", "action_space") if not callable(getattr(env, m, None))]
+        raise cli.ConfigError(
+            f"--env {env_id}: {name}() raised {describe(error)}; give a class that takes no "
+            f"arguments, or a function of none returning (env, env_params)"
+        ) from None
+    env, env_params = (
+        made
+        if isinstance(made, tuple) and len(made) == 2
+        else (made, getattr(made, "default_params", None))
+    )
+    missing = [
+        m
+        for m in ("reset", "step", "observation_space", "action_space")
+        if not callable(getattr(env, m, None))
+    ]
     if not hasattr(env_params, "max_steps_in_episode"):
-        missing.append("params.max_steps_in_episode" + (" (params must be an object with that attribute, such "
-                                                        "as gymnax's EnvParams, not a dict)"
-                                                        if isinstance(env_params, dict) else ""))
-    cli.require(not missing, f"--env {env_id}: {type(env).__name__} lacks {', '.join(missing)}; give a subclass of "
-                             f"gymnax.environments.environment.Environment (with its EnvParams), or a function "
-                             f"returning (env, env_params)")
+        missing.append(
+            "params.max_steps_in_episode"
+            + (
+                " (params must be an object with that attribute, such "
+                "as gymnax's EnvParams, not a dict)"
+                if isinstance(env_params, dict)
+                else ""
+            )
+        )
+    cli.require(
+        not missing,
+        f"--env {env_id}: {type(env).__name__} lacks {', '.join(missing)}; give a subclass of "
+        f"gymnax.environments.environment.Environment (with its EnvParams), or a function "
+        f"returning (env, env_params)",
+    )
 
     def reset_and_step(key):
         _, state = env.reset(key, env_params)
         return env.step(key, state, env.action_space(env_params).sample(key), env_params)
 
     try:
-        out = jax.eval_shape(reset_and_step, jax.ShapeDtypeStruct((2,), jnp.uint32))  # traced, not compiled
-        declared = getattr(env.observation_space(env_params), "shape", None)  # a Dict or Tuple space has none
+        out = jax.eval_shape(
+            reset_and_step, jax.ShapeDtypeStruct((2,), jnp.uint32)
+        )  # traced, not compiled
+        declared = getattr(
+            env.observation_space(env_params), "shape", None
+        )  # a Dict or Tuple space has none
     except Exception as error:
-        raise cli.ConfigError(f"--env {env_id}: reset and step of {type(env).__name__} fail when traced "
-                              f"({describe(error)}); gymnax's interface is reset_env(key, params) and "
-                              f"step_env(key, state, action, params), in JAX operations") from None
-    fits = isinstance(out, tuple) and len(out) == 6 and isinstance(out[5], dict) and "final_observation" in out[5]
-    cli.require(fits, f"--env {env_id}: its "
-                f"step must return (obs, state, reward, terminated, truncated, info with final_observation), as "
-                f"gymnax >= 1.0's Environment.step does: subclass it and write step_env and reset_env")
+        raise cli.ConfigError(
+            f"--env {env_id}: reset and step of {type(env).__name__} fail when traced "
+            f"({describe(error)}); gymnax's interface is reset_env(key, params) and "
+            f"step_env(key, state, action, params), in JAX operations"
+        ) from None
+    fits = (
+        isinstance(out, tuple)
+        and len(out) == 6
+        and isinstance(out[5], dict)
+        and "final_observation" in out[5]
+    )
+    cli.require(
+        fits,
+        f"--env {env_id}: its "
+        f"step must return (obs, state, reward, terminated, truncated, info with final_observation), as "
+        f"gymnax >= 1.0's Environment.step does: subclass it and write step_env and reset_env",
+    )
     if declared is not None:  # a Dict or Tuple space is refused by `encoded`
-        cli.require(tuple(out[0].shape) == tuple(declared),
-                    f"--env {env_id}: step returns observations of shape {tuple(out[0].shape)}, but "
-                    f"observation_space declares {tuple(declared)}; make them agree")
+        cli.require(
+            tuple(out[0].shape) == tuple(declared),
+            f"--env {env_id}: step returns observations of shape {tuple(out[0].shape)}, but "
+            f"observation_space declares {tuple(declared)}; make them agree",
+        )
     return env, env_params
 
 
@@ -157,9 +207,12 @@ def encoded(env, env_params, env_id: str):
     space = env.observation_space(env_params)
     if isinstance(space, spaces.Discrete):
         return OneHotObservations(env, int(space.n)), env_params
-    cli.require(isinstance(space, spaces.Box), f"--env {env_id}: its observation space is a {type(space).__name__}; "
-                                               f"the scripts read Box observations (arrays) and Discrete ones "
-                                               f"(one-hot): give an environment that observes one of those")
+    cli.require(
+        isinstance(space, spaces.Box),
+        f"--env {env_id}: its observation space is a {type(space).__name__}; "
+        f"the scripts read Box observations (arrays) and Discrete ones "
+        f"(one-hot): give an environment that observes one of those",
+    )
     return env, env_params
 
 
@@ -183,7 +236,9 @@ def reset_envs(env, env_params, key: jax.Array, n: int):
 # ----------------------------------------------------------------------------
 # Partial-observation wrappers
 # ----------------------------------------------------------------------------
-PARTIALLY_OBSERVED = {"CartPoleNoVel-v1": ("CartPole-v1", (0, 2))}  # keeps x and theta, hides x_dot, theta_dot
+PARTIALLY_OBSERVED = {
+    "CartPoleNoVel-v1": ("CartPole-v1", (0, 2))
+}  # keeps x and theta, hides x_dot, theta_dot
 
 
 class OneHotObservations:
@@ -210,7 +265,9 @@ class OneHotObservations:
         return self.encode(obs), state
 
     def step(self, key, state, action, env_params=None):
-        obs, state, reward, terminated, truncated, info = self.env.step(key, state, action, env_params)
+        obs, state, reward, terminated, truncated, info = self.env.step(
+            key, state, action, env_params
+        )
         info = {**info, "final_observation": self.encode(info["final_observation"])}
         return self.encode(obs), state, reward, terminated, truncated, info
 
@@ -240,7 +297,9 @@ class HiddenEntries:
         return self._shown(obs), env_state
 
     def step(self, key, state, action, env_params=None):
-        obs, env_state, reward, terminated, truncated, info = self.env.step(key, state, action, env_params)
+        obs, env_state, reward, terminated, truncated, info = self.env.step(
+            key, state, action, env_params
+        )
         info = {**info, "final_observation": self._shown(info["final_observation"])}
         return self._shown(obs), env_state, reward, terminated, truncated, info
 
@@ -282,11 +341,24 @@ class ContextWindow:
         return window, WindowState(env_state=env_state, window=window)
 
     def step(self, key, state: WindowState, action, env_params):
-        obs, env_state, reward, terminated, truncated, info = self.env.step(key, state.env_state, action,
-                                                                            env_params)
-        window = self.observe(state.window, obs, jnp.logical_or(terminated, truncated))  # obs: after any reset
-        info = {**info, "final_observation": self.observe(state.window, info["final_observation"], False)}
-        return window, WindowState(env_state=env_state, window=window), reward, terminated, truncated, info
+        obs, env_state, reward, terminated, truncated, info = self.env.step(
+            key, state.env_state, action, env_params
+        )
+        window = self.observe(
+            state.window, obs, jnp.logical_or(terminated, truncated)
+        )  # obs: after any reset
+        info = {
+            **info,
+            "final_observation": self.observe(state.window, info["final_observation"], False),
+        }
+        return (
+            window,
+            WindowState(env_state=env_state, window=window),
+            reward,
+            terminated,
+            truncated,
+            info,
+        )
 
 
 class EpisodeStats(NamedTuple):
@@ -302,7 +374,9 @@ class EpisodeStats(NamedTuple):
 def init_episode_stats(num_envs: int) -> EpisodeStats:
     z = jnp.zeros((num_envs,), jnp.float32)
     zero = jnp.float32(0)
-    return EpisodeStats(ret=z, length=z.astype(jnp.int32), done_return=zero, done_length=zero, done_count=zero)
+    return EpisodeStats(
+        ret=z, length=z.astype(jnp.int32), done_return=zero, done_length=zero, done_count=zero
+    )
 
 
 def update_episode_stats(stats: EpisodeStats, reward: jax.Array, done: jax.Array) -> EpisodeStats:
@@ -327,7 +401,9 @@ def episode_metrics(stats: EpisodeStats, axis_name: str) -> dict:
 
     NaN when no episode finished.
     """
-    total = jax.lax.psum(jnp.stack([stats.done_return, stats.done_length, stats.done_count]), axis_name)
+    total = jax.lax.psum(
+        jnp.stack([stats.done_return, stats.done_length, stats.done_count]), axis_name
+    )
     return {
         "episode/return": total[0] / total[2],
         "episode/length": total[1] / total[2],
@@ -353,11 +429,16 @@ class Policy(NamedTuple):
 
 def init_obs_stats(obs_shape) -> ObsStats:
     """Nothing seen yet: mean 0, variance 1, so the first epoch sees its observations as they are (clipped)."""
-    return ObsStats(mean=jnp.zeros(obs_shape, jnp.float32), var=jnp.ones(obs_shape, jnp.float32), count=jnp.float32(0))
+    return ObsStats(
+        mean=jnp.zeros(obs_shape, jnp.float32),
+        var=jnp.ones(obs_shape, jnp.float32),
+        count=jnp.float32(0),
+    )
 
 
-def update_obs_stats(stats: ObsStats | None, obs: jax.Array,
-                     axis_name: str = devices.DEVICE_AXIS) -> ObsStats | None:
+def update_obs_stats(
+    stats: ObsStats | None, obs: jax.Array, axis_name: str = devices.DEVICE_AXIS
+) -> ObsStats | None:
     """`stats` merged with a batch `obs` `[..., *obs_shape]` of every device (Chan et al.'s parallel update);
     None when `stats` is None (`--normalize-obs` off).
 
@@ -373,7 +454,7 @@ def update_obs_stats(stats: ObsStats | None, obs: jax.Array,
     n = jax.lax.psum(jnp.float32(x.shape[0]), axis_name)
     total = stats.count + n
     delta = mean - stats.mean
-    m2 = stats.var * stats.count + var * n + delta ** 2 * stats.count * n / total
+    m2 = stats.var * stats.count + var * n + delta**2 * stats.count * n / total
     return ObsStats(mean=stats.mean + delta * n / total, var=m2 / total, count=total)
 
 
@@ -382,7 +463,9 @@ def normalize_obs(stats: ObsStats | None, obs: jax.Array) -> jax.Array:
     is None (`--normalize-obs` off: nothing is added to the program). `obs` is `[..., *obs_shape]`."""
     if stats is None:
         return obs
-    return jnp.clip((obs.astype(jnp.float32) - stats.mean) / jnp.sqrt(stats.var + 1e-8), -10.0, 10.0)
+    return jnp.clip(
+        (obs.astype(jnp.float32) - stats.mean) / jnp.sqrt(stats.var + 1e-8), -10.0, 10.0
+    )
 
 
 def normalize_window(stats: ObsStats | None, window: jax.Array) -> jax.Array:
@@ -406,8 +489,9 @@ def init_reward_stats(n_envs: int) -> RewardStats:
     return RewardStats(returns=jnp.zeros(n_envs, jnp.float32), stats=init_obs_stats(()))
 
 
-def update_reward_stats(stats: RewardStats | None, rewards: jax.Array, dones: jax.Array,
-                        gamma) -> RewardStats | None:
+def update_reward_stats(
+    stats: RewardStats | None, rewards: jax.Array, dones: jax.Array, gamma
+) -> RewardStats | None:
     """`stats` with a rollout's discounted returns G_t = r_t + gamma G_{t-1} (0 before an episode) merged
     in, from its time-major rewards and ends `[T, B]` (every device's: call inside `devices.map_epoch`);
     None when `stats` is None (normalization off)."""

@@ -6,6 +6,7 @@ so that the per-call dispatch and metrics transfer do not set the pace of
 small epochs; `records` turns a call's metrics into one record per epoch for
 `metrics.jsonl`. `StopOnInterrupt` lets the running call finish on Ctrl-C or SIGTERM.
 """
+
 from __future__ import annotations
 
 import signal
@@ -57,8 +58,13 @@ def records(metrics, n: int) -> list[dict]:
     host = {k: np.asarray(v)[0, :, :n] for k, v in jax.device_get(metrics).items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of all-NaN
-        per_epoch = [{k: float(np.nanmean(v[:, j]) if k.startswith("episode/") else np.mean(v[:, j]))
-                     for k, v in host.items()} for j in range(n)]
+        per_epoch = [
+            {
+                k: float(np.nanmean(v[:, j]) if k.startswith("episode/") else np.mean(v[:, j]))
+                for k, v in host.items()
+            }
+            for j in range(n)
+        ]
     if "episode/return" in host:  # each seed's too (for the spread in common.plot)
         for j, record in enumerate(per_epoch):
             record["episode/return_per_seed"] = host["episode/return"][:, j].tolist()

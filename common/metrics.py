@@ -6,6 +6,7 @@ the same size), but a norm or a variance is not: the mean of per-device norms is
 off by sqrt(n_devices), and the mean of per-device variances misses the spread
 between devices. These functions sum over `DEVICE_AXIS` (`lax.psum`) instead.
 """
+
 from __future__ import annotations
 
 import chex
@@ -26,10 +27,19 @@ def residual_metrics(residual: jax.Array, targets: jax.Array, axis_name: str = D
     """
     chex.assert_equal_shape([residual, targets])
     n = jax.lax.psum(jnp.float32(residual.size), axis_name)
-    mean_residual, mean_target = jax.lax.psum(jnp.stack([jnp.sum(residual), jnp.sum(targets)]), axis_name) / n
-    squares, residual_var, target_var = jax.lax.psum(jnp.stack([
-        jnp.sum(residual ** 2), jnp.sum((residual - mean_residual) ** 2), jnp.sum((targets - mean_target) ** 2),
-    ]), axis_name) / jnp.array([1.0, n, n])
+    mean_residual, mean_target = (
+        jax.lax.psum(jnp.stack([jnp.sum(residual), jnp.sum(targets)]), axis_name) / n
+    )
+    squares, residual_var, target_var = jax.lax.psum(
+        jnp.stack(
+            [
+                jnp.sum(residual**2),
+                jnp.sum((residual - mean_residual) ** 2),
+                jnp.sum((targets - mean_target) ** 2),
+            ]
+        ),
+        axis_name,
+    ) / jnp.array([1.0, n, n])
     return {
         "value/advantage_mean": mean_residual,
         "value/advantage_norm": jnp.sqrt(squares),

@@ -9,6 +9,7 @@ layers, the network of MinAtar's paper (Young & Tian 2019, arXiv:1903.03176).
 What makes an algorithm's network its own (heads, a Q(s, a) critic's action
 input, a Transformer) stays in its script.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -64,13 +65,21 @@ def uses_conv(torso: str, obs_shape: tuple) -> bool:
     """Whether the network starts with the convolution: `--torso auto` gives it to `[H, W, C]` observations
     (an image) and not to others; `--torso conv` on another shape is a `cli.ConfigError`."""
     image = len(obs_shape) == 3 and min(obs_shape[:2]) >= CONV_KERNEL
-    cli.require(torso != "conv" or image, f"--torso conv needs image observations [H, W, C] with H, W >= "
-                                          f"{CONV_KERNEL}; these are {list(obs_shape)}: use --torso mlp")
+    cli.require(
+        torso != "conv" or image,
+        f"--torso conv needs image observations [H, W, C] with H, W >= "
+        f"{CONV_KERNEL}; these are {list(obs_shape)}: use --torso mlp",
+    )
     return torso == "conv" or (torso == "auto" and image)
 
 
-def torso_init(keys: jax.Array, obs_shape: tuple, hidden: tuple[int, ...], conv: bool = False,
-               extra_inputs: int = 0) -> list:
+def torso_init(
+    keys: jax.Array,
+    obs_shape: tuple,
+    hidden: tuple[int, ...],
+    conv: bool = False,
+    extra_inputs: int = 0,
+) -> list:
     """Hidden layers `obs -> hidden[0] -> ... -> hidden[-1]`, scale sqrt 2, one key each: `keys` `[len(hidden), 2]`.
 
     With `conv`, the convolution comes first (its kernel orthogonal as a `[9 C, 16]` matrix, from a key folded
@@ -80,11 +89,17 @@ def torso_init(keys: jax.Array, obs_shape: tuple, hidden: tuple[int, ...], conv:
     layers, n_in = [], int(np.prod(obs_shape))
     if conv:
         (height, width, channels), k = obs_shape, CONV_KERNEL
-        kernel = orthogonal(jax.random.fold_in(keys[0], len(hidden)), (k * k * channels, CONV_CHANNELS), np.sqrt(2))
-        layers.append({"w": kernel.reshape(k, k, channels, CONV_CHANNELS), "b": jnp.zeros((CONV_CHANNELS,))})
+        kernel = orthogonal(
+            jax.random.fold_in(keys[0], len(hidden)), (k * k * channels, CONV_CHANNELS), np.sqrt(2)
+        )
+        layers.append(
+            {"w": kernel.reshape(k, k, channels, CONV_CHANNELS), "b": jnp.zeros((CONV_CHANNELS,))}
+        )
         n_in = (height - k + 1) * (width - k + 1) * CONV_CHANNELS
     sizes = (n_in + extra_inputs,) + tuple(hidden)
-    return layers + [dense_init(k, a, b, np.sqrt(2)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
+    return layers + [
+        dense_init(k, a, b, np.sqrt(2)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])
+    ]
 
 
 def torso(layers: list, x: jax.Array, activation: Activation) -> jax.Array:
@@ -97,8 +112,14 @@ def torso(layers: list, x: jax.Array, activation: Activation) -> jax.Array:
             # the convolution [H, W, C] -> [H - 2, W - 2, 16] as one matmul of the 3x3 patches [H - 2, W - 2, 9 C]:
             # under vmap, XLA:CPU's own convolution made a MinAtar DQN epoch ~25x slower
             k, (height, width, _) = layer["w"].shape[0], x.shape
-            patches = jnp.concatenate([x[i:height - k + 1 + i, j:width - k + 1 + j]
-                                       for i in range(k) for j in range(k)], -1)
+            patches = jnp.concatenate(
+                [
+                    x[i : height - k + 1 + i, j : width - k + 1 + j]
+                    for i in range(k)
+                    for j in range(k)
+                ],
+                -1,
+            )
             x = act(patches @ layer["w"].reshape(-1, layer["w"].shape[-1]) + layer["b"])
         else:
             x = act(jnp.ravel(x) @ layer["w"] + layer["b"])

@@ -19,6 +19,7 @@ Only the chief (process 0) writes. Every write goes through `writing` (or
 `write_json`): a failed one (a full disk) ends the run with one line naming
 what is left to resume from.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,16 @@ import jax
 
 from common import checkpoints, cli, nets, sweep
 
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "changes.jsonl")  # a run's own, beside checkpoints/
-CHECKPOINT_FILES = ("epoch_*.npz", ".tmp_*")  # what a run writes in checkpoints/ (and .tmp_* beside RUN_FILES)
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "summary.json",
+    "changes.jsonl",
+)  # a run's own, beside checkpoints/
+CHECKPOINT_FILES = (
+    "epoch_*.npz",
+    ".tmp_*",
+)  # what a run writes in checkpoints/ (and .tmp_* beside RUN_FILES)
 
 
 def is_run(run_dir: Path) -> bool:
@@ -71,42 +80,55 @@ def open_run_dir(run_dir: Path, config):
     run deletes or replaces what it did not write.
     """
     flag = f"--resume {run_dir}" if config.resume else f"--out-dir {run_dir}"
-    cli.require(not run_dir.exists() or run_dir.is_dir(),
-                f"{flag} is a file, not a directory; give a directory for the run")
+    cli.require(
+        not run_dir.exists() or run_dir.is_dir(),
+        f"{flag} is a file, not a directory; give a directory for the run",
+    )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = open(run_dir / "run.lock", "a+")
     except OSError as error:
-        raise cli.ConfigError(f"{flag}: cannot write there ({error.strerror}); give a directory you can "
-                              f"write") from None
+        raise cli.ConfigError(
+            f"{flag}: cannot write there ({error.strerror}); give a directory you can write"
+        ) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.seek(0)
         holder = lock.read().strip() or "unknown"
         lock.close()
-        raise cli.ConfigError(f"{flag}: another run (pid {holder}) is using this directory; wait for it to end "
-                              f"or give another --out-dir") from None
+        raise cli.ConfigError(
+            f"{flag}: another run (pid {holder}) is using this directory; wait for it to end "
+            f"or give another --out-dir"
+        ) from None
     with writing(run_dir / "run.lock", run_dir):
         lock.truncate(0)
         lock.write(f"{os.getpid()}\n")
         lock.flush()
     found = run_files(run_dir)
-    names = ", ".join(str(path.relative_to(run_dir)) for path in found[:3]) + (", ..." if len(found) > 3 else "")
+    names = ", ".join(str(path.relative_to(run_dir)) for path in found[:3]) + (
+        ", ..." if len(found) > 3 else ""
+    )
     if config.resume:
-        deleted = [path for path in found if path.name.startswith(".tmp_")]  # writes cut short by a crash
+        deleted = [
+            path for path in found if path.name.startswith(".tmp_")
+        ]  # writes cut short by a crash
     elif not found:
         deleted = []
     elif not is_run(run_dir):
         lock.close()
-        raise cli.ConfigError(f"{flag} holds {names}, names a run writes, but is not a run (no run's "
-                              f"config.json): nothing there is replaced or deleted; give another --out-dir")
+        raise cli.ConfigError(
+            f"{flag} holds {names}, names a run writes, but is not a run (no run's "
+            f"config.json): nothing there is replaced or deleted; give another --out-dir"
+        )
     elif config.overwrite:
         deleted = found
     else:
         lock.close()
-        raise cli.ConfigError(f"{flag} already holds a run ({names}); continue it with --resume {run_dir}, give "
-                              f"another --out-dir, or add --overwrite to delete that run's files and start again")
+        raise cli.ConfigError(
+            f"{flag} already holds a run ({names}); continue it with --resume {run_dir}, give "
+            f"another --out-dir, or add --overwrite to delete that run's files and start again"
+        )
     for path in deleted:
         _delete(path, flag)
     return lock
@@ -119,15 +141,20 @@ def _delete(path: Path, flag: str) -> None:
         else:
             path.unlink()
     except OSError as error:
-        raise cli.ConfigError(f"{flag}: cannot delete {path} ({error.strerror}); delete it yourself or give "
-                              f"another --out-dir") from None
+        raise cli.ConfigError(
+            f"{flag}: cannot delete {path} ({error.strerror}); delete it yourself or give "
+            f"another --out-dir"
+        ) from None
 
 
 def disk_error(path: Path, error: OSError, run_dir: Path) -> SystemExit:
     """A failed write (a full disk): one line, and what is left to resume from."""
     last = checkpoints.latest(run_dir / "checkpoints")
-    left = (f"the last checkpoint, {last}, is intact: make room, then --resume {run_dir}" if last else
-            "no checkpoint was written yet: make room and start again")
+    left = (
+        f"the last checkpoint, {last}, is intact: make room, then --resume {run_dir}"
+        if last
+        else "no checkpoint was written yet: make room and start again"
+    )
     return SystemExit(f"error: cannot write {path} ({error.strerror or error}); {left}")
 
 
@@ -181,14 +208,19 @@ def trim_metrics(path: Path, epoch: int) -> None:
             if json.loads(line)["epoch"] <= epoch:
                 kept.append(line)
         except (ValueError, KeyError, TypeError):
-            cli.require(i == len(lines) - 1, f"{path}, line {i + 1}, is not a metrics record ({line[:40]!r}); "
-                                             f"repair or delete that line, then --resume again")
+            cli.require(
+                i == len(lines) - 1,
+                f"{path}, line {i + 1}, is not a metrics record ({line[:40]!r}); "
+                f"repair or delete that line, then --resume again",
+            )
             torn = True
     if torn:
         print(f"{path}: dropped its last line, cut short ({lines[-1][:40]!r})", file=sys.stderr)
     if len(lines) - torn > len(kept):
-        print(f"{path}: dropped {len(lines) - torn - len(kept)} line(s) past the checkpoint's epoch {epoch}",
-              file=sys.stderr)
+        print(
+            f"{path}: dropped {len(lines) - torn - len(kept)} line(s) past the checkpoint's epoch {epoch}",
+            file=sys.stderr,
+        )
     if len(kept) < len(lines) or not text.endswith("\n"):
         with writing(path, path.parent):
             write_atomic(path, "".join(line + "\n" for line in kept))
@@ -199,15 +231,21 @@ def record_changes(run_dir: Path, config, epoch: int) -> None:
     `changes.jsonl` gets a line `{"epoch": from, flag: [old, new], ...}`."""
     path = run_dir / "config.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    changed = {k: [saved[k], getattr(config, k)] for k in cli.float_flags(type(config))
-               if k in saved and saved[k] != getattr(config, k)}
+    changed = {
+        k: [saved[k], getattr(config, k)]
+        for k in cli.float_flags(type(config))
+        if k in saved and saved[k] != getattr(config, k)
+    }
     if not changed:
         return
     with writing(run_dir / "changes.jsonl", run_dir), open(run_dir / "changes.jsonl", "a") as fh:
         fh.write(json.dumps({"epoch": epoch, **changed}) + "\n")
     write_json(path, {**saved, **{k: new for k, (_, new) in changed.items()}}, run_dir)
-    print(f"--resume changes {', '.join(f'{cli.flag_name(k)} {old} -> {new}' for k, (old, new) in changed.items())} "
-          f"from epoch {epoch} (recorded in {run_dir / 'changes.jsonl'})", flush=True)
+    print(
+        f"--resume changes {', '.join(f'{cli.flag_name(k)} {old} -> {new}' for k, (old, new) in changed.items())} "
+        f"from epoch {epoch} (recorded in {run_dir / 'changes.jsonl'})",
+        flush=True,
+    )
 
 
 def clock(seconds: float) -> str:
@@ -226,8 +264,15 @@ class Logger:
     def __init__(self, config, run_dir: Path, is_chief: bool, wall_start: float | None = None):
         self.config, self.is_chief, self.wandb, self.run_dir = config, is_chief, None, run_dir
         self.last_print, self.last_return = 0.0, float("nan")
-        self.wall_start = time.time() if wall_start is None else wall_start  # the run's, imports aside
-        self.train_start, self.first_epoch, self.num_epochs, self.steps_per_epoch = time.time(), None, None, 0
+        self.wall_start = (
+            time.time() if wall_start is None else wall_start
+        )  # the run's, imports aside
+        self.train_start, self.first_epoch, self.num_epochs, self.steps_per_epoch = (
+            time.time(),
+            None,
+            None,
+            0,
+        )
         self.path = run_dir / "metrics.jsonl"
         if is_chief and config.track:
             self._start_wandb(config, run_dir)
@@ -238,8 +283,13 @@ class Logger:
 
             online = os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").exists()
             mode = os.environ.get("WANDB_MODE", "online" if online else "offline")
-            self.wandb = wandb.init(project=config.wandb_project, config=dataclasses.asdict(config),
-                                    dir=str(run_dir), mode=mode, name=run_dir.name)
+            self.wandb = wandb.init(
+                project=config.wandb_project,
+                config=dataclasses.asdict(config),
+                dir=str(run_dir),
+                mode=mode,
+                name=run_dir.name,
+            )
         except Exception as error:  # wandb must never stop training
             print(f"wandb disabled: {error}", file=sys.stderr)
 
@@ -247,16 +297,28 @@ class Logger:
         """The run's first line: what trains, on what (`n_devices`: every host's), and where it writes."""
         config, hosts, runs = self.config, jax.process_count(), sweep.n_runs(self.config)
         self.train_start, self.num_epochs = time.time(), trainer.num_epochs
-        self.steps_per_epoch = trainer.steps_per_epoch * runs  # every seed's and member's, as `sps` counts them
-        where = f"{n_devices} {jax.default_backend()} device(s)" + (f" of {hosts} processes" if hosts > 1 else "")
+        self.steps_per_epoch = (
+            trainer.steps_per_epoch * runs
+        )  # every seed's and member's, as `sps` counts them
+        where = f"{n_devices} {jax.default_backend()} device(s)" + (
+            f" of {hosts} processes" if hosts > 1 else ""
+        )
         env = trainer.env  # a context window (skip_transformer) names the shape of one observation
-        shape = env.raw_obs_shape if hasattr(env, "raw_obs_shape") else env.observation_space(trainer.env_params).shape
-        print(f"training {script} on {config.env} ({'conv' if nets.uses_conv(config.torso, shape) else 'mlp'} torso "
-              f"for observations {list(shape)}): {trainer.num_epochs} epochs of "
-              f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
-              + (f" x {runs // config.num_seeds} sweep members" if config.sweep else "") + f" on {where}; "
-              f"compiled in {compile_time:.1f} s; " + (f"writing {self.run_dir}" if self.is_chief
-                                                       else "the chief writes"), flush=True)
+        shape = (
+            env.raw_obs_shape
+            if hasattr(env, "raw_obs_shape")
+            else env.observation_space(trainer.env_params).shape
+        )
+        print(
+            f"training {script} on {config.env} ({'conv' if nets.uses_conv(config.torso, shape) else 'mlp'} torso "
+            f"for observations {list(shape)}): {trainer.num_epochs} epochs of "
+            f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
+            + (f" x {runs // config.num_seeds} sweep members" if config.sweep else "")
+            + f" on {where}; "
+            f"compiled in {compile_time:.1f} s; "
+            + (f"writing {self.run_dir}" if self.is_chief else "the chief writes"),
+            flush=True,
+        )
 
     def log(self, record: dict, force_print: bool = False) -> None:
         if not self.is_chief:
@@ -265,7 +327,10 @@ class Logger:
             fh.write(json.dumps(strict(record), allow_nan=False) + "\n")
         if self.wandb is not None:
             try:
-                self.wandb.log({k: v for k, v in record.items() if not isinstance(v, list)}, step=record["env_steps"])
+                self.wandb.log(
+                    {k: v for k, v in record.items() if not isinstance(v, list)},
+                    step=record["env_steps"],
+                )
             except Exception as error:
                 print(f"wandb disabled: {error}", file=sys.stderr)
                 self.wandb = None
@@ -275,8 +340,10 @@ class Logger:
         if force_print or now - self.last_print >= 1.0:
             self.last_print = now
             # return: of the latest epoch in which an episode ended
-            line = (f"epoch {record['epoch']:>5} | steps {record['env_steps']:>10,} | "
-                    f"sps {record['sps']:>9,.0f} | return {self.last_return:8.2f}")
+            line = (
+                f"epoch {record['epoch']:>5} | steps {record['env_steps']:>10,} | "
+                f"sps {record['sps']:>9,.0f} | return {self.last_return:8.2f}"
+            )
             if "eval/return" in record:
                 line += f" | eval {record['eval/return']:8.2f}"
             print(line + self.pace(record["epoch"], now), flush=True)
@@ -285,13 +352,17 @@ class Logger:
         """The run's own rate by the wall clock (evaluations and checkpoints included, unlike `sps`, the
         epochs' rate), the time since the run started and an estimate of the time left."""
         if self.first_epoch is None:
-            self.first_epoch = epoch - 1  # the epoch this invocation started from (a resumed run's checkpoint)
+            self.first_epoch = (
+                epoch - 1
+            )  # the epoch this invocation started from (a resumed run's checkpoint)
         if self.num_epochs is None:  # `start` was not called: nothing to pace against
             return ""
         done, seconds = epoch - self.first_epoch, max(now - self.train_start, 1e-9)
         left = (self.num_epochs - epoch) * seconds / done
-        return (f" | wall sps {done * self.steps_per_epoch / seconds:>9,.0f} | {clock(now - self.wall_start)} "
-                f"elapsed, ~{clock(left)} left")
+        return (
+            f" | wall sps {done * self.steps_per_epoch / seconds:>9,.0f} | {clock(now - self.wall_start)} "
+            f"elapsed, ~{clock(left)} left"
+        )
 
     def close(self, summary: dict) -> None:
         if self.wandb is not None:

@@ -6,6 +6,7 @@ One line per run directory: the mean over the run's seeds of `--metric`
 against environment steps (per seed), read from its `metrics.jsonl`, with the
 band between the lowest and the highest seed when the run has several.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,14 @@ def plot(run_dirs: list[Path], metric: str, out: Path) -> Path:
         label = run_dir.name + (f" ({values.shape[1]} seeds)" if values.shape[1] > 1 else "")
         (line,) = ax.plot(steps, mean, label=label, marker="o" if len(steps) < 20 else None)
         if values.shape[1] > 1:
-            ax.fill_between(steps, np.nanmin(values, axis=1), np.nanmax(values, axis=1),
-                            color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(
+                steps,
+                np.nanmin(values, axis=1),
+                np.nanmax(values, axis=1),
+                color=line.get_color(),
+                alpha=0.2,
+                linewidth=0,
+            )
     ax.set_xlabel("environment steps (per seed)")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
@@ -59,12 +66,23 @@ def plot(run_dirs: list[Path], metric: str, out: Path) -> Path:
 
 
 def main(argv=None) -> Path:
-    parser = argparse.ArgumentParser(prog="python -m common.plot", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
-                        help="run directories (each with the metrics.jsonl a script wrote)")
-    parser.add_argument("--metric", default="episode/return",
-                        help="metric to draw, e.g. eval/return (greedy, at evaluation epochs) or loss/value")
+    parser = argparse.ArgumentParser(
+        prog="python -m common.plot",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "run_dirs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="run directories (each with the metrics.jsonl a script wrote)",
+    )
+    parser.add_argument(
+        "--metric",
+        default="episode/return",
+        help="metric to draw, e.g. eval/return (greedy, at evaluation epochs) or loss/value",
+    )
     parser.add_argument("--out", type=Path, default=Path("curves.png"), help="PNG file to write")
     args = parser.parse_args(argv)
     for run_dir in args.run_dirs:

@@ -15,6 +15,7 @@ hosts (`--coordinator`, see `devices.init_distributed`) every host runs the same
 programs in the same order; only the chief (process 0) writes, and a checkpoint
 holds every host's devices.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -92,7 +93,9 @@ class Setup(NamedTuple):
 
 class Programs(NamedTuple):
     init: Callable  # (keys, values) -> state
-    epochs: Callable | None  # (state, values, n) -> (state, metrics [n_devices, runs, k]), n <= k; None: --eval-only
+    epochs: (
+        Callable | None
+    )  # (state, values, n) -> (state, metrics [n_devices, runs, k]), n <= k; None: --eval-only
     evaluate: Callable  # (state, epoch) -> the greedy return of every run [runs], on the episodes of `epoch`
     k: int  # epochs per call (`loop.epochs_per_call`)
 
@@ -103,14 +106,20 @@ class Progress(NamedTuple):
     record: dict  # the last epoch's
     returns: np.ndarray | None  # the last evaluation's
     train_time: float  # seconds in the epochs' calls
-    reached: float | None  # time.time() at the evaluation that reached --target-return; None: not reached
-    episodes: tuple[int, float] | None  # (epoch, mean return) of the newest epoch in which episodes ended
+    reached: (
+        float | None
+    )  # time.time() at the evaluation that reached --target-return; None: not reached
+    episodes: (
+        tuple[int, float] | None
+    )  # (epoch, mean return) of the newest epoch in which episodes ended
 
 
 # ----------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------
-def train(config, make_trainer: Callable, script: str = "run", max_epochs: int | None = None) -> Result:
+def train(
+    config, make_trainer: Callable, script: str = "run", max_epochs: int | None = None
+) -> Result:
     """Trains (or, with --eval-only, evaluates); returns the run directory and the summary.
 
     `max_epochs` stops early after that many epochs of this call (as Ctrl-C
@@ -129,14 +138,21 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
             if done is not None:
                 return Result(run_dir=setup.run_dir, summary=done)
         t0 = time.time()
-        programs = compile_programs(setup)  # before anything is written: a program too large is refused
+        programs = compile_programs(
+            setup
+        )  # before anything is written: a program too large is refused
         start_outputs(setup, start_epoch)
         state = state if state is not None else programs.init(setup.keys, setup.values)
         compile_time = time.time() - t0
         if config.eval_only:
             returns = programs.evaluate(state, start_epoch)
-            return Result(run_dir=setup.run_dir, summary={"eval_return": float(returns.mean()),
-                                                          "eval_return_per_seed": returns.tolist()})
+            return Result(
+                run_dir=setup.run_dir,
+                summary={
+                    "eval_return": float(returns.mean()),
+                    "eval_return_per_seed": returns.tolist(),
+                },
+            )
 
         logger = outputs.Logger(config, setup.run_dir, setup.host.is_chief, wall_start)
         logger.start(setup.script, setup.trainer, setup.host.n_devices * setup.hosts, compile_time)
@@ -153,21 +169,43 @@ def train(config, make_trainer: Callable, script: str = "run", max_epochs: int |
 
 def prepare(config, make_trainer: Callable, script: str) -> Setup:
     """Hosts and devices, the run directory's path, the trainer and the state's shapes (before any compile)."""
-    devices.init_distributed(config.coordinator, config.num_processes, config.process_id, config.coordinator_timeout)
+    devices.init_distributed(
+        config.coordinator, config.num_processes, config.process_id, config.coordinator_timeout
+    )
     if not config.no_compile_cache:
         enable_compile_cache()
     host = devices.init_host_and_devices(config.n_devices or None, config.seed)
     hosts = jax.process_count()
     # The flags describe the whole run: its environments and batches split over every host's devices.
-    run_dir = Path(config.resume or config.out_dir or
-                   f"runs/{script}-{config.env}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(
+        config.resume
+        or config.out_dir
+        or f"runs/{script}-{config.env}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     init_key, eval_key = jax.random.split(host.rng)
-    trainer, keys, values = sweep.build(dataclasses.replace(config, n_devices=host.n_devices * hosts), make_trainer,
-                                        host.n_devices, init_key)
-    init = sweep.lower_init(trainer, keys, values, config, script, host.n_devices)  # traced once: its output shapes
+    trainer, keys, values = sweep.build(
+        dataclasses.replace(config, n_devices=host.n_devices * hosts),
+        make_trainer,
+        host.n_devices,
+        init_key,
+    )
+    init = sweep.lower_init(
+        trainer, keys, values, config, script, host.n_devices
+    )  # traced once: its output shapes
     check_memory(init.out_info, config, host.n_devices, trainer, hosts)
-    return Setup(config=config, script=script, run_dir=run_dir, host=host, hosts=hosts, trainer=trainer, keys=keys,
-                 values=values, eval_key=eval_key, init=init, template=init.out_info)
+    return Setup(
+        config=config,
+        script=script,
+        run_dir=run_dir,
+        host=host,
+        hosts=hosts,
+        trainer=trainer,
+        keys=keys,
+        values=values,
+        eval_key=eval_key,
+        init=init,
+        template=init.out_info,
+    )
 
 
 def check_memory(template, config, n_devices: int, trainer: Trainer, hosts: int) -> None:
@@ -179,24 +217,39 @@ def check_memory(template, config, n_devices: int, trainer: Trainer, hosts: int)
     if need > have:
         path, biggest = max(leaves, key=lambda leaf: leaf[1].size)
         sizes = set(biggest.shape[2:])  # [n_devices, runs, ...]
-        values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in cli.RUN_CONTROL}
-        flags = [cli.flag_name(k) for k, v in values.items() if not isinstance(v, (bool, str, float))
-                 and set(v if isinstance(v, tuple) else (v,)) & sizes - {0, 1}]
+        values = {
+            f.name: getattr(config, f.name)
+            for f in dataclasses.fields(config)
+            if f.name not in cli.RUN_CONTROL
+        }
+        flags = [
+            cli.flag_name(k)
+            for k, v in values.items()
+            if not isinstance(v, (bool, str, float))
+            and set(v if isinstance(v, tuple) else (v,)) & sizes - {0, 1}
+        ]
         sized_by = " and ".join(flags) or "the network and buffer flags"
-        raise cli.ConfigError(f"the runner state needs {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} "
-                              f"GiB of memory here; its largest array, {jax.tree_util.keystr(path)} "
-                              f"{tuple(biggest.shape)}, is sized by {sized_by}: make it smaller")
+        raise cli.ConfigError(
+            f"the runner state needs {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} "
+            f"GiB of memory here; its largest array, {jax.tree_util.keystr(path)} "
+            f"{tuple(biggest.shape)}, is sized by {sized_by}: make it smaller"
+        )
     # An epoch holds its rollout at once: at least each transition's observation, next observation and a few
     # scalars (action, reward, ends, value, log-probability, advantage, target), 4 bytes each.
-    obs_shape = getattr(trainer.env, "window_shape", None) or trainer.env.observation_space(trainer.env_params).shape
+    obs_shape = (
+        getattr(trainer.env, "window_shape", None)
+        or trainer.env.observation_space(trainer.env_params).shape
+    )
     obs_size = math.prod(obs_shape)
     transitions = trainer.steps_per_epoch * sweep.n_runs(config) // hosts
     rollout = transitions * (2 * obs_size + 8) * 4
-    cli.require(need + rollout <= have,
-                f"an epoch's rollout needs at least {rollout / 2**30:,.1f} GiB ({transitions:,} transitions of "
-                f"--num-envs {config.num_envs} x --num-steps {config.num_steps} x {sweep.n_runs(config)} runs, "
-                f"observations of {obs_size:,} numbers), more than the {have / 2**30:,.1f} GiB of memory here: "
-                f"lower --num-envs or --num-steps")
+    cli.require(
+        need + rollout <= have,
+        f"an epoch's rollout needs at least {rollout / 2**30:,.1f} GiB ({transitions:,} transitions of "
+        f"--num-envs {config.num_envs} x --num-steps {config.num_steps} x {sweep.n_runs(config)} runs, "
+        f"observations of {obs_size:,} numbers), more than the {have / 2**30:,.1f} GiB of memory here: "
+        f"lower --num-envs or --num-steps",
+    )
 
 
 def memory_here(n_devices: int) -> int:
@@ -211,11 +264,18 @@ def check_program_memory(compiled, n_devices: int, what: str, fix: str) -> None:
     stats = compiled.memory_analysis()
     if stats is None:  # a backend that does not tell
         return
-    need = (stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
-            - stats.alias_size_in_bytes)
+    need = (
+        stats.temp_size_in_bytes
+        + stats.argument_size_in_bytes
+        + stats.output_size_in_bytes
+        - stats.alias_size_in_bytes
+    )
     have = memory_here(n_devices)
-    cli.require(need <= have, f"{what} needs {need / 2**30:,.1f} GiB per device, more than the {have / 2**30:,.1f} "
-                              f"GiB here: {fix}")
+    cli.require(
+        need <= have,
+        f"{what} needs {need / 2**30:,.1f} GiB per device, more than the {have / 2**30:,.1f} "
+        f"GiB here: {fix}",
+    )
 
 
 def finished(setup: Setup, epoch: int) -> dict | None:
@@ -223,13 +283,18 @@ def finished(setup: Setup, epoch: int) -> dict | None:
     summary = setup.run_dir / "summary.json"
     if epoch != setup.trainer.num_epochs or setup.config.eval_only or not summary.is_file():
         return None
-    print(f"{setup.run_dir} finished at epoch {epoch}: nothing to train, its summary.json stays; "
-          f"--eval-only --resume {setup.run_dir} evaluates it again", flush=True)
+    print(
+        f"{setup.run_dir} finished at epoch {epoch}: nothing to train, its summary.json stays; "
+        f"--eval-only --resume {setup.run_dir} evaluates it again",
+        flush=True,
+    )
     try:
         return json.loads(summary.read_text())
     except ValueError as error:
-        raise cli.ConfigError(f"{summary} is not JSON ({error}); delete it, and --resume {setup.run_dir} "
-                              f"writes it again") from None
+        raise cli.ConfigError(
+            f"{summary} is not JSON ({error}); delete it, and --resume {setup.run_dir} "
+            f"writes it again"
+        ) from None
 
 
 def start_outputs(setup: Setup, epoch: int) -> None:
@@ -255,11 +320,21 @@ def compile_programs(setup: Setup) -> Programs:
     would lengthen the run's start."""
     trainer, config, n_devices = setup.trainer, setup.config, setup.host.n_devices
     env = trainer.env  # a ContextWindow (skip_transformer) observes windows of its raw observations
-    raw_shape = env.raw_obs_shape if hasattr(env, "raw_obs_shape") else env.observation_space(trainer.env_params).shape
+    raw_shape = (
+        env.raw_obs_shape
+        if hasattr(env, "raw_obs_shape")
+        else env.observation_space(trainer.env_params).shape
+    )
     images = len(raw_shape) >= 3
-    act = jax.vmap(lambda params, key: envs.evaluate(trainer.env, trainer.env_params, trainer.act, params,
-                                                     key, config.eval_episodes))
-    def greedy_returns(params, key):  # of every run (a named function names its program in profiles)
+    act = jax.vmap(
+        lambda params, key: envs.evaluate(
+            trainer.env, trainer.env_params, trainer.act, params, key, config.eval_episodes
+        )
+    )
+
+    def greedy_returns(
+        params, key
+    ):  # of every run (a named function names its program in profiles)
         return act(params, sweep.eval_keys(key, config))
 
     evaluate_seeds = jax.jit(greedy_returns)
@@ -267,30 +342,55 @@ def compile_programs(setup: Setup) -> Programs:
     def compile_init_and_eval():  # only compiles: running a program beside a compile once hung in XLA:CPU
         params = jax.eval_shape(lambda state: first_device(trainer, state), setup.template)
         evaluation = evaluate_seeds.lower(params, setup.eval_key)
-        return setup.init.compile(FAST_COMPILE), evaluation.compile() if images else evaluation.compile(FAST_COMPILE)
+        return setup.init.compile(
+            FAST_COMPILE
+        ), evaluation.compile() if images else evaluation.compile(FAST_COMPILE)
 
     with ThreadPoolExecutor(1) as pool:
         side = pool.submit(compile_init_and_eval)
         k = loop.epochs_per_call(trainer.steps_per_epoch, trainer.num_epochs)
-        epochs = None if config.eval_only else devices.map_epoch(
-            loop.chunk_epochs(trainer.epoch, k), n_devices, n_shared=1, n_mapped=2)
-        if epochs is not None and setup.hosts == 1:  # jax 0.10 cannot run a pmap over hosts compiled ahead
+        epochs = (
+            None
+            if config.eval_only
+            else devices.map_epoch(
+                loop.chunk_epochs(trainer.epoch, k), n_devices, n_shared=1, n_mapped=2
+            )
+        )
+        if (
+            epochs is not None and setup.hosts == 1
+        ):  # jax 0.10 cannot run a pmap over hosts compiled ahead
             try:  # of time: it compiles at its first call
                 lowered = epochs.lower(setup.template, setup.values, 1)
-            except OverflowError:  # a count past 32 bits, e.g. the learning-rate schedule's gradient steps
-                raise cli.ConfigError(f"--total-steps {config.total_steps:,} makes a count of this run (its "
-                                      f"gradient steps: epochs x gradient steps per epoch) larger than 32-bit "
-                                      f"integers hold (2,147,483,647): lower --total-steps or the gradient "
-                                      f"steps per epoch") from None
+            except (
+                OverflowError
+            ):  # a count past 32 bits, e.g. the learning-rate schedule's gradient steps
+                raise cli.ConfigError(
+                    f"--total-steps {config.total_steps:,} makes a count of this run (its "
+                    f"gradient steps: epochs x gradient steps per epoch) larger than 32-bit "
+                    f"integers hold (2,147,483,647): lower --total-steps or the gradient "
+                    f"steps per epoch"
+                ) from None
             epochs = lowered.compile()
-            check_program_memory(epochs, n_devices, f"an epoch of {config.num_envs} environments x {config.num_steps} "
-                                 f"steps x {sweep.n_runs(config)} runs", "lower --num-envs or --num-steps")
+            check_program_memory(
+                epochs,
+                n_devices,
+                f"an epoch of {config.num_envs} environments x {config.num_steps} "
+                f"steps x {sweep.n_runs(config)} runs",
+                "lower --num-envs or --num-steps",
+            )
         init, evaluate_runs = side.result()
-        check_program_memory(evaluate_runs, 1, f"the evaluation of --eval-episodes {config.eval_episodes} x "
-                             f"{sweep.n_runs(config)} runs", "lower --eval-episodes")
+        check_program_memory(
+            evaluate_runs,
+            1,
+            f"the evaluation of --eval-episodes {config.eval_episodes} x "
+            f"{sweep.n_runs(config)} runs",
+            "lower --eval-episodes",
+        )
 
     def evaluate(state, epoch):
-        return np.asarray(evaluate_runs(first_device(trainer, state), jax.random.fold_in(setup.eval_key, epoch)))
+        return np.asarray(
+            evaluate_runs(first_device(trainer, state), jax.random.fold_in(setup.eval_key, epoch))
+        )
 
     return Programs(init=init, epochs=epochs, evaluate=evaluate, k=k)
 
@@ -300,8 +400,14 @@ def first_device(trainer: Trainer, state):
     return jax.device_put(trainer.policy(devices.unreplicate(state)), jax.local_devices()[0])
 
 
-def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, start_epoch: int,
-               last_epoch: int) -> Progress:
+def run_epochs(
+    setup: Setup,
+    programs: Programs,
+    logger: outputs.Logger,
+    state,
+    start_epoch: int,
+    last_epoch: int,
+) -> Progress:
     """The epochs up to `last_epoch`, in calls that end at each evaluation, checkpoint and the end.
 
     Each epoch's record is checked (a non-finite loss stops the run) and
@@ -313,7 +419,11 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
     with loop.StopOnInterrupt() as interrupt:
         while epoch < last_epoch and reached is None and not devices.any_host(interrupt.requested):
             # Run up to the next evaluation, checkpoint or end, at most k epochs.
-            n = min(programs.k, last_epoch - epoch, config.checkpoint_every - epoch % config.checkpoint_every)
+            n = min(
+                programs.k,
+                last_epoch - epoch,
+                config.checkpoint_every - epoch % config.checkpoint_every,
+            )
             if config.eval_every:
                 n = min(n, config.eval_every - epoch % config.eval_every)
             tick = time.time()
@@ -327,8 +437,12 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
                 if record.get("episode/count", 0) > 0:
                     episodes = (epoch, record["episode/return"])
                 steps_done = (epoch - start_epoch) * trainer.steps_per_epoch * sweep.n_runs(config)
-                record = {"epoch": epoch, "env_steps": epoch * trainer.steps_per_epoch,
-                          "sps": steps_done / (time_before + chunk_time * (j + 1) / n), **record}
+                record = {
+                    "epoch": epoch,
+                    "env_steps": epoch * trainer.steps_per_epoch,
+                    "sps": steps_done / (time_before + chunk_time * (j + 1) / n),
+                    **record,
+                }
                 final = epoch == trainer.num_epochs
                 if final or (config.eval_every and epoch % config.eval_every == 0):
                     returns = programs.evaluate(state, epoch)
@@ -338,30 +452,47 @@ def run_epochs(setup: Setup, programs: Programs, logger: outputs.Logger, state, 
                         reached = time.time()
                 logger.log(record, force_print=final or "eval/return" in record)
             if reached is not None and setup.host.is_chief:
-                print(f"every seed reached --target-return {config.target_return:g} at epoch {epoch}", flush=True)
+                print(
+                    f"every seed reached --target-return {config.target_return:g} at epoch {epoch}",
+                    flush=True,
+                )
             if epoch == trainer.num_epochs or epoch % config.checkpoint_every == 0:
                 save_checkpoint(setup, state, epoch)
     if devices.any_host(interrupt.requested):
         if epoch > start_epoch:
             save_checkpoint(setup, state, epoch)
             if setup.host.is_chief:
-                print(f"interrupted: saved epoch {epoch}; continue with --resume {setup.run_dir}", flush=True)
+                print(
+                    f"interrupted: saved epoch {epoch}; continue with --resume {setup.run_dir}",
+                    flush=True,
+                )
         raise SystemExit(interrupt.exit_code or 130)
     if epoch > start_epoch and epoch < trainer.num_epochs:
         save_checkpoint(setup, state, epoch)
-    return Progress(state=state, epoch=epoch, record=record, returns=returns, train_time=train_time, reached=reached,
-                    episodes=episodes)
+    return Progress(
+        state=state,
+        epoch=epoch,
+        record=record,
+        returns=returns,
+        train_time=train_time,
+        reached=reached,
+        episodes=episodes,
+    )
 
 
 def check_losses(setup: Setup, record: dict, epoch: int) -> None:
     """Any non-finite loss term stops the run (a NaN value loss reaches the policy loss only epochs later)."""
-    diverged = [f"{k} is {v}" for k, v in record.items() if k.startswith("loss/") and not math.isfinite(v)]
+    diverged = [
+        f"{k} is {v}" for k, v in record.items() if k.startswith("loss/") and not math.isfinite(v)
+    ]
     episode_return = record.get("episode/return", 0.0)
     if diverged and record.get("episode/count", 0) > 0 and not math.isfinite(episode_return):
         # the episodes' returns sum the environment's raw rewards: no learning rate makes them non-finite
-        raise SystemExit(f"error: {', '.join(diverged)} at epoch {epoch}, and so is the return of the episodes "
-                         f"that ended (episode/return is {episode_return}): --env {setup.config.env} returned a "
-                         f"non-finite reward. Fix the environment; a lower --lr would not help")
+        raise SystemExit(
+            f"error: {', '.join(diverged)} at epoch {epoch}, and so is the return of the episodes "
+            f"that ended (episode/return is {episode_return}): --env {setup.config.env} returned a "
+            f"non-finite reward. Fix the environment; a lower --lr would not help"
+        )
     if diverged:
         raise divergence(setup, f"{', '.join(diverged)} at epoch {epoch}: training diverged.")
 
@@ -371,8 +502,11 @@ def save_checkpoint(setup: Setup, state, epoch: int) -> None:
     whole = jax.device_get(devices.gather(state))
     bad = checkpoints.non_finite(whole)
     if bad:
-        raise divergence(setup, f"the state at epoch {epoch} is not finite ({len(bad)} leaves, e.g. {bad[0]}): "
-                                f"training diverged; it was not saved.")
+        raise divergence(
+            setup,
+            f"the state at epoch {epoch} is not finite ({len(bad)} leaves, e.g. {bad[0]}): "
+            f"training diverged; it was not saved.",
+        )
     if setup.host.is_chief:
         directory = setup.run_dir / "checkpoints"
         with outputs.writing(directory / f"epoch_{epoch:06d}.npz", setup.run_dir):
@@ -383,7 +517,9 @@ def divergence(setup: Setup, what: str) -> SystemExit:
     """The end of a diverged run: what diverged, and how to go on from the last good checkpoint."""
     last = checkpoints.latest(setup.run_dir / "checkpoints")
     largest = 0.0
-    with contextlib.suppress(cli.ConfigError):  # an unreadable checkpoint: the advice names it all the same
+    with contextlib.suppress(
+        cli.ConfigError
+    ):  # an unreadable checkpoint: the advice names it all the same
         _, state = checkpoints.resume(setup.run_dir, setup.template, setup.hosts)
         params = jax.tree.leaves(setup.trainer.policy(state).params)
         largest = max(float(np.abs(np.asarray(x)).max(initial=0.0)) for x in params)
@@ -391,11 +527,19 @@ def divergence(setup: Setup, what: str) -> SystemExit:
     return SystemExit(f"{what} {advice}")
 
 
-def summarize(setup: Setup, programs: Programs, progress: Progress, start_epoch: int, compile_time: float,
-              wall_start: float) -> dict:
+def summarize(
+    setup: Setup,
+    programs: Programs,
+    progress: Progress,
+    start_epoch: int,
+    compile_time: float,
+    wall_start: float,
+) -> dict:
     """The run's summary (summary.json), with the greedy return at its last epoch."""
     config, steps_per_epoch, epoch = setup.config, setup.trainer.steps_per_epoch, progress.epoch
-    stale = progress.returns is None or "eval/return" not in progress.record  # no evaluation at the last epoch
+    stale = (
+        progress.returns is None or "eval/return" not in progress.record
+    )  # no evaluation at the last epoch
     returns = programs.evaluate(progress.state, epoch) if stale else progress.returns
     summary = {
         "eval_return": float(returns.mean()),
@@ -408,19 +552,39 @@ def summarize(setup: Setup, programs: Programs, progress: Progress, start_epoch:
         "wall_time_s": time.time() - wall_start,
         "compile_time_s": compile_time,
         "train_time_s": progress.train_time,
-        "sps": (epoch - start_epoch) * steps_per_epoch * sweep.n_runs(config) / max(progress.train_time, 1e-9),
+        "sps": (epoch - start_epoch)
+        * steps_per_epoch
+        * sweep.n_runs(config)
+        / max(progress.train_time, 1e-9),
         # the whole run's rate by the wall clock: compile, evaluations and checkpoints included
-        "wall_sps": (epoch - start_epoch) * steps_per_epoch * sweep.n_runs(config) / (time.time() - wall_start),
+        "wall_sps": (epoch - start_epoch)
+        * steps_per_epoch
+        * sweep.n_runs(config)
+        / (time.time() - wall_start),
     }
     if progress.episodes is None:
-        summary["episode_return_note"] = f"no training episode ended in epochs {start_epoch + 1} to {epoch}"
+        summary["episode_return_note"] = (
+            f"no training episode ended in epochs {start_epoch + 1} to {epoch}"
+        )
     if config.target_return is not None:
-        summary["target_return"] = {"return": config.target_return, "reached": progress.reached is not None,
-                                    **({"epoch": epoch, "env_steps": epoch * steps_per_epoch,
-                                        "seconds": progress.reached - wall_start} if progress.reached else {})}
+        summary["target_return"] = {
+            "return": config.target_return,
+            "reached": progress.reached is not None,
+            **(
+                {
+                    "epoch": epoch,
+                    "env_steps": epoch * steps_per_epoch,
+                    "seconds": progress.reached - wall_start,
+                }
+                if progress.reached
+                else {}
+            ),
+        }
     if config.sweep:  # member-major: the seeds of member 0, then of member 1, ...
-        summary["sweep"] = [{**values, "eval_return": float(np.mean(r)), "eval_return_per_seed": r.tolist()}
-                            for values, r in zip(cli.sweep_members(config), returns.reshape(-1, config.num_seeds))]
+        summary["sweep"] = [
+            {**values, "eval_return": float(np.mean(r)), "eval_return_per_seed": r.tolist()}
+            for values, r in zip(cli.sweep_members(config), returns.reshape(-1, config.num_seeds))
+        ]
     return summary
 
 
@@ -439,7 +603,10 @@ def launch(config, make_trainer: Callable, script: str) -> Result:
         result = train(config, make_trainer, script)
     except cli.ConfigError as error:
         raise SystemExit(f"error: {error}") from None
-    print(f"eval return {result.summary['eval_return']:.2f} (greedy, {config.eval_episodes} episodes)", flush=True)
+    print(
+        f"eval return {result.summary['eval_return']:.2f} (greedy, {config.eval_episodes} episodes)",
+        flush=True,
+    )
     return result
 
 

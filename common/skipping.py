@@ -21,6 +21,7 @@ Under `pmap` each device draws for itself: give it a key that is the same on
 every device (not folded with the device index), and every device runs the
 same depth.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Literal, Sequence
@@ -56,8 +57,9 @@ def steps_without_skipping(n_layers: int, warmup_steps: int) -> int:
     return -(-warmup_steps // n_layers)  # ceil
 
 
-def n_forward_layers(step, rng, n_layers: int, mode: Mode, skip_fraction: float, warmup_steps: int,
-                     eval_depth=None):
+def n_forward_layers(
+    step, rng, n_layers: int, mode: Mode, skip_fraction: float, warmup_steps: int, eval_depth=None
+):
     """Layers `i < n_forward` run. A Python int when it is known when tracing, else a scalar
     that is the same for every vmapped copy."""
     if mode not in ("train", "eval"):
@@ -80,8 +82,17 @@ def layers_run(n_forward, n_layers: int) -> jax.Array:
     return jnp.sum(jnp.arange(n_layers) < n_forward)
 
 
-def skipping_serial(layers: Sequence[Callable], params: Sequence, x, step, rng, mode: Mode,
-                    skip_fraction: float, warmup_steps: int, eval_depth=None):
+def skipping_serial(
+    layers: Sequence[Callable],
+    params: Sequence,
+    x,
+    step,
+    rng,
+    mode: Mode,
+    skip_fraction: float,
+    warmup_steps: int,
+    eval_depth=None,
+):
     """Runs `layers[i](params[i], x) -> x` in order, skipping final ones; returns `(x, step + 1)`.
 
     `step` counts calls in train mode (it drives the warmup); `rng` is used only
@@ -91,7 +102,9 @@ def skipping_serial(layers: Sequence[Callable], params: Sequence, x, step, rng, 
     """
     if len(layers) != len(params):
         raise ValueError(f"{len(layers)} layers but {len(params)} parameter sets")
-    n_forward = n_forward_layers(step, rng, len(layers), mode, skip_fraction, warmup_steps, eval_depth)
+    n_forward = n_forward_layers(
+        step, rng, len(layers), mode, skip_fraction, warmup_steps, eval_depth
+    )
     for i, (layer, p) in enumerate(zip(layers, params)):
         if isinstance(n_forward, int):
             x = layer(p, x) if i < n_forward else x

@@ -46,10 +46,13 @@ def input_names(config) -> list[str]:
         zero = [cli.off(member.get(name, getattr(config, name))) for member in members]
         if name in cls.STATIC_FLOATS or (name in cls.SWITCHES and any(zero)):
             why = "shapes the programs" if name in cls.STATIC_FLOATS else "0 switches its term off"
-            cli.require(name not in members[0] or (name in cls.SWITCHES and all(zero)),
-                        f"--sweep {' '.join(config.sweep)}: {cli.flag_name(name)} {why}, a constant of the "
-                        f"programs, so it cannot be swept in one program; run one process per value (e.g. a wandb "
-                        f"sweep, sweeps/)" + ("" if name in cls.STATIC_FLOATS else " or sweep values above 0"))
+            cli.require(
+                name not in members[0] or (name in cls.SWITCHES and all(zero)),
+                f"--sweep {' '.join(config.sweep)}: {cli.flag_name(name)} {why}, a constant of the "
+                f"programs, so it cannot be swept in one program; run one process per value (e.g. a wandb "
+                f"sweep, sweeps/)"
+                + ("" if name in cls.STATIC_FLOATS else " or sweep values above 0"),
+            )
             continue
         names.append(name)
     return names
@@ -69,9 +72,16 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any
     trainer = make_trainer(config)
     members = cli.sweep_members(config)
     keys = jnp.tile(devices.seed_keys(init_key, config.num_seeds, n_devices), (1, len(members), 1))
-    values = {name: jnp.broadcast_to(jnp.repeat(jnp.asarray([m.get(name, getattr(config, name)) for m in members],
-                                                            jnp.float32), config.num_seeds), keys.shape[:2])
-              for name in input_names(config)}
+    values = {
+        name: jnp.broadcast_to(
+            jnp.repeat(
+                jnp.asarray([m.get(name, getattr(config, name)) for m in members], jnp.float32),
+                config.num_seeds,
+            ),
+            keys.shape[:2],
+        )
+        for name in input_names(config)
+    }
 
     def traced(values):
         member = copy.copy(config)  # frozen dataclass: set the traced values without validation
@@ -100,12 +110,16 @@ def lower_init(trainer, keys, values, config, script: str, n_devices: int):
     try:
         lowered = init.lower(keys, values)
         if config.sweep:
-            jax.eval_shape(devices.map_epoch(trainer.epoch, n_devices, n_mapped=2), lowered.out_info, values)
+            jax.eval_shape(
+                devices.map_epoch(trainer.epoch, n_devices, n_mapped=2), lowered.out_info, values
+            )
     except jax.errors.JAXTypeError as error:
         if not config.sweep:
             raise
-        raise cli.ConfigError(f"--sweep {' '.join(config.sweep)}: {script} uses "
-                              f"{', '.join(cli.sweep_members(config)[0])} outside the compiled math (e.g. to choose "
-                              f"a branch), so it cannot be swept in one program; run one process per value (e.g. a "
-                              f"wandb sweep, sweeps/). ({type(error).__name__})") from None
+        raise cli.ConfigError(
+            f"--sweep {' '.join(config.sweep)}: {script} uses "
+            f"{', '.join(cli.sweep_members(config)[0])} outside the compiled math (e.g. to choose "
+            f"a branch), so it cannot be swept in one program; run one process per value (e.g. a "
+            f"wandb sweep, sweeps/). ({type(error).__name__})"
+        ) from None
     return lowered
