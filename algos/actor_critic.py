@@ -1,13 +1,15 @@
-"""Actor-critic with separate policy and value networks, several advantage estimators, A2C or PPO loss.
+"""Actor-critic with separate policy and value networks, several advantage estimators, A2C or PPO
+loss.
 
-Trax's `ActorCriticTrainer` (Mnih et al. 2016, "Asynchronous Methods for Deep Reinforcement Learning",
-arXiv:1602.01783; with `--loss ppo`, Schulman et al. 2017, arXiv:1707.06347). Each network has its own
-Adam optimizer, learning-rate schedule, batch size and number of update steps per epoch. One epoch -- a
-vectorized gymnax rollout, the advantages, the value updates, then the policy updates -- is one compiled
-function.
+Trax's `ActorCriticTrainer` (Mnih et al. 2016, "Asynchronous Methods for Deep Reinforcement
+Learning", arXiv:1602.01783; with `--loss ppo`, Schulman et al. 2017, arXiv:1707.06347). Each
+network has its own Adam optimizer, learning-rate schedule, batch size and number of update steps
+per epoch. One epoch -- a vectorized gymnax rollout, the advantages, the value updates, then the
+policy updates -- is one compiled function.
 
     python algos/actor_critic.py                                  # CartPole-v1, A2C, GAE
-    python algos/actor_critic.py --loss ppo                       # 16 minibatch steps of 256 per epoch
+    python algos/actor_critic.py --loss ppo                       # 16 minibatch steps of 256 per
+    epoch
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class Config(cli.RunConfig):
     gamma: float = 0.99
     """discount"""
     policy_lr: float = 0.0
-    """policy Adam learning rate (0: 7e-3 for a2c, whose one step per epoch must go far; 2.5e-3 for ppo)"""
+    """policy Adam learning rate (0: 7e-3 for a2c, whose one step per epoch must go far; 2.5e-3 for
+    ppo)"""
     value_lr: float = 2.5e-3
     """value Adam learning rate"""
     policy_lr_schedule: Literal["linear", "constant"] = "linear"
@@ -57,13 +60,13 @@ class Config(cli.RunConfig):
     value_lr_schedule: Literal["linear", "constant"] = "linear"
     """value learning rate: linear (annealed to 0 over the run) or constant"""
     policy_batch_size: int = 0
-    """transitions per policy step, all devices (at most num_envs * num_steps; 0: the whole rollout for a2c,
-    a quarter of it for ppo)"""
+    """transitions per policy step, all devices (at most num_envs * num_steps; 0: the whole rollout
+    for a2c, a quarter of it for ppo)"""
     value_batch_size: int = 256
     """transitions per value step, all devices (at most num_envs * num_steps)"""
     policy_train_steps: int = 0
-    """policy Adam steps per epoch, in passes over the shuffled rollout (0: 1 for a2c, 16 for ppo: PPO needs
-    several, its ratio is 1 at the first)"""
+    """policy Adam steps per epoch, in passes over the shuffled rollout (0: 1 for a2c, 16 for ppo:
+    PPO needs several, its ratio is 1 at the first)"""
     value_train_steps: int = 16
     """value Adam steps per epoch (run before the policy's), in passes over the shuffled rollout"""
     max_grad_norm: float = 0.5
@@ -75,12 +78,13 @@ class Config(cli.RunConfig):
     normalize_advantages: bool = False
     """standardize advantages per policy batch"""
     scale_value_targets: bool = False
-    """train the value net on targets * (1 - gamma) and read its output times 1 / (1 - gamma) (after the reward
-    normalization: add --no-normalize-reward for Trax's scaling alone)"""
+    """train the value net on targets * (1 - gamma) and read its output times 1 / (1 - gamma) (after
+    the reward normalization: add --no-normalize-reward for Trax's scaling alone)"""
     n_shared_layers: int = 0
     """copy the policy net's first k hidden layers into the value net at each epoch start"""
     n_replay_epochs: int = 1
-    """epochs of transitions to train on; must be 1, as a2c and ppo learn only from the current policy's data"""
+    """epochs of transitions to train on; must be 1, as a2c and ppo learn only from the current
+    policy's data"""
     hidden: tuple[int, ...] = (64, 64)
     """hidden layer widths of each network"""
     activation: nets.Activation = "tanh"
@@ -88,11 +92,12 @@ class Config(cli.RunConfig):
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
     normalize_obs: bool = False
-    """normalize observations by their running mean and variance (kept in the runner state, merged over
-    devices, per seed, saved in checkpoints), clipped to +-10"""
+    """normalize observations by their running mean and variance (kept in the runner state, merged
+    over devices, per seed, saved in checkpoints), clipped to +-10"""
     no_normalize_reward: bool = False
-    """use the raw rewards; by default the learner's are divided by a running std of the discounted return where
-    above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward scale"""
+    """use the raw rewards; by default the learner's are divided by a running std of the discounted
+    return where above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward
+    scale"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -121,8 +126,8 @@ class Config(cli.RunConfig):
             )
         cli.require(
             self.loss == "a2c" or self.policy_steps > 1,
-            "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only step): "
-            "use 2 or more, or 0 for the default 16",
+            "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only "
+            "step): use 2 or more, or 0 for the default 16",
         )
         cli.require(
             self.policy_lr >= 0 and self.value_lr > 0,
@@ -140,15 +145,17 @@ class Config(cli.RunConfig):
         cli.require_non_negative(self, "ent_coef")
         cli.require(
             self.advantage != "td-k" or self.td_k <= self.num_steps,
-            f"--td-k {self.td_k} is longer than the rollout (--num-steps {self.num_steps}); use at most that",
+            f"--td-k {self.td_k} is longer than the rollout (--num-steps {self.num_steps}); use at "
+            "most that",
         )
         cli.require(
             len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
         )
         cli.require(
             0 <= self.n_shared_layers <= len(self.hidden),
-            f"--n-shared-layers {self.n_shared_layers}: the networks have {len(self.hidden)} hidden "
-            f"layers (--hidden {' '.join(map(str, self.hidden))}); use 0 to {len(self.hidden)}",
+            f"--n-shared-layers {self.n_shared_layers}: the networks have {len(self.hidden)} "
+            f"hidden layers (--hidden {' '.join(map(str, self.hidden))}); use 0 to "
+            f"{len(self.hidden)}",
         )
         cli.require(
             not self.scale_value_targets or self.gamma < 1,
@@ -207,12 +214,10 @@ class RunnerState(NamedTuple):
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
-    obs_stats: (
-        envs.ObsStats | None
-    )  # --normalize-obs: statistics of the earlier epochs' observations; off: None
-    reward_stats: (
-        envs.RewardStats | None
-    )  # the discounted returns' statistics; --no-normalize-reward: None
+    # --normalize-obs: statistics of the earlier epochs' observations; off: None
+    obs_stats: envs.ObsStats | None
+    # the discounted returns' statistics; --no-normalize-reward: None
+    reward_stats: envs.RewardStats | None
     key: jax.Array  # differs per device
 
 
@@ -227,10 +232,10 @@ class Transition(NamedTuple):
     greedy_action: jax.Array  # mode of pi_old(. | s_t), for the preferred_move metric
 
 
-class Rollout(
-    NamedTuple
-):  # an epoch before its updates: the state after T steps and what they train on
-    state: RunnerState  # its value net's first --n-shared-layers the policy's; its obs_stats: those used
+# an epoch before its updates: the state after T steps and what they train on
+class Rollout(NamedTuple):
+    # its value net's first --n-shared-layers the policy's; its obs_stats: those used
+    state: RunnerState
     traj: Transition  # [T, B, ...] as collected (raw observations)
     advantages: jax.Array  # [T, B]
     targets: jax.Array  # [T, B] V_old + A
@@ -245,14 +250,16 @@ class Batch(NamedTuple):
 
 
 # ----------------------------------------------------------------------------
-# Advantage estimators over time-major [T, B] arrays. All take rewards r_t, values V(s_t), next_values
-# V(s'_t) (s'_t: final_obs_t, the observation after step t before any reset), terminated_t and done_t
-# (terminated or truncated), and return `(advantages, targets = V + A)`. discount_t = gamma * (1 -
-# terminated_t): a truncated step bootstraps from V(s'_t), a terminated one from nothing; at done_t
-# nothing after t leaks into t. After the rollout's last step every estimator bootstraps from V(s'_{T-1}).
+# Advantage estimators over time-major [T, B] arrays. All take rewards r_t, values V(s_t),
+# next_values V(s'_t) (s'_t: final_obs_t, the observation after step t before any reset),
+# terminated_t and done_t (terminated or truncated), and return `(advantages, targets = V + A)`.
+# discount_t = gamma * (1 - terminated_t): a truncated step bootstraps from V(s'_t), a terminated
+# one from nothing; at done_t nothing after t leaks into t. After the rollout's last step every
+# estimator bootstraps from V(s'_{T-1}).
 # ----------------------------------------------------------------------------
 def td_lambda(rewards, values, next_values, terminated, dones, gamma: float, lam: float):
-    """R_t = r_t + discount_t * (V(s'_t) if done_t else (1 - lam) V(s'_t) + lam R_{t+1}); A = R - V."""
+    """R_t = r_t + discount_t * (V(s'_t) if done_t else (1 - lam) V(s'_t) + lam R_{t+1});
+    A = R - V."""
     chex.assert_rank(rewards, 2)
     chex.assert_equal_shape([rewards, values, next_values, terminated, dones])
     discount = gamma * (1.0 - terminated.astype(jnp.float32))
@@ -271,12 +278,14 @@ def td_lambda(rewards, values, next_values, terminated, dones, gamma: float, lam
 
 
 def monte_carlo(rewards, values, next_values, terminated, dones, gamma: float):
-    """G_t = r_t + discount_t * (V(s'_t) if done_t else G_{t+1}), the discounted return; A = G - V: TD(1)."""
+    """G_t = r_t + discount_t * (V(s'_t) if done_t else G_{t+1}), the discounted return; A = G - V:
+    TD(1)."""
     return td_lambda(rewards, values, next_values, terminated, dones, gamma, 1.0)
 
 
 def td_k(rewards, values, next_values, terminated, dones, gamma: float, k: int):
-    """G^(k)_t = sum_{i<n} gamma^i r_{t+i} + gamma^n V(s'_{t+n-1}), n = min(k, steps to the end); A = G^(k) - V.
+    """G^(k)_t = sum_{i<n} gamma^i r_{t+i} + gamma^n V(s'_{t+n-1}), n = min(k, steps to the end); A
+    = G^(k) - V.
 
     Recursively G^(j)_t = r_t + discount_t * (V(s'_t) if done_t or j = 1 else G^(j-1)_{t+1}); the
     scan carries G^(1..k-1)_{t+1}."""
@@ -327,10 +336,11 @@ def estimator(config: Config):
 # Losses
 # ----------------------------------------------------------------------------
 def clipped_surrogate(log_prob, old_log_prob, advantage, clip_eps: float):
-    """PPO's policy loss -mean(min(r A, clip(r, 1 - eps, 1 + eps) A)), r = exp(log pi - log pi_old), over `[N]`.
+    """PPO's policy loss -mean(min(r A, clip(r, 1 - eps, 1 + eps) A)), r = exp(log pi - log pi_old),
+    over `[N]`.
 
-    Returns `(loss, metrics)`: ppo/approx_kl, the k3 estimator of KL(old || new) mean((r - 1) - log r), and
-    ppo/clip_fraction, mean(|r - 1| > eps)."""
+    Returns `(loss, metrics)`: ppo/approx_kl, the k3 estimator of KL(old || new) mean((r - 1) - log
+    r), and ppo/clip_fraction, mean(|r - 1| > eps)."""
     chex.assert_rank(log_prob, 1)
     chex.assert_equal_shape([log_prob, old_log_prob, advantage])
     log_ratio = log_prob - old_log_prob
@@ -355,12 +365,10 @@ def policy_loss(params, batch: Batch, dist, config: Config):
         advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
     if config.loss == "a2c":
         surrogate = -jnp.mean(advantage * log_prob)
-        log_ratio = (
-            log_prob - batch.log_prob
-        )  # how far the policy moved from the one that collected the data
-        metrics = {
-            "a2c/approx_kl": jnp.mean((jnp.exp(log_ratio) - 1) - log_ratio)
-        }  # k3 estimator of KL(old || new)
+        # how far the policy moved from the one that collected the data
+        log_ratio = log_prob - batch.log_prob
+        # k3 estimator of KL(old || new)
+        metrics = {"a2c/approx_kl": jnp.mean((jnp.exp(log_ratio) - 1) - log_ratio)}
     else:
         surrogate, metrics = clipped_surrogate(log_prob, batch.log_prob, advantage, config.clip_eps)
     entropy = jnp.mean(dist.entropy(inputs))
@@ -395,13 +403,12 @@ def make_trainer(config: Config) -> run.Trainer:
     ):
         cli.require(
             1 <= size <= layout.steps_per_epoch and size % layout.n_devices == 0,
-            f"{cli.flag_name(name)} {size}: use a multiple of --n-devices {layout.n_devices} of at most "
-            f"{config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}",
+            f"{cli.flag_name(name)} {size}: use a multiple of --n-devices {layout.n_devices} of at "
+            f"most {config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}",
         )
     obs_shape = tuple(env.observation_space(env_params).shape)
-    conv = nets.uses_conv(
-        config.torso, obs_shape
-    )  # the networks' first layer: a convolution for images
+    # the networks' first layer: a convolution for images
+    conv = nets.uses_conv(config.torso, obs_shape)
     value_scale = 1.0 / (1.0 - config.gamma) if config.scale_value_targets else 1.0
 
     def optimizer(lr: float, schedule: str, n_steps: int):
@@ -423,13 +430,13 @@ def make_trainer(config: Config) -> run.Trainer:
     policy_tx = optimizer(policy_lr, config.policy_lr_schedule, config.policy_steps)
     value_tx = optimizer(config.value_lr, config.value_lr_schedule, config.value_train_steps)
     estimate = estimator(config)
-    values_of = jax.vmap(
-        jax.vmap(value_network, (None, 0, None)), (None, 0, None)
-    )  # [T, B, ...] -> [T, B]
+    # [T, B, ...] -> [T, B]
+    values_of = jax.vmap(jax.vmap(value_network, (None, 0, None)), (None, 0, None))
     step_envs = jax.vmap(env.step, (0, 0, 0, None))
 
     def init(key) -> RunnerState:
-        # parameters from the seed's key alone (the same on every device), exploration from a device key
+        # parameters from the seed's key alone (the same on every device), exploration from a device
+        # key
         policy_key, policy_head_key, value_key, value_head_key, env_key = jax.random.split(key, 5)
 
         def torso(k):
@@ -464,7 +471,8 @@ def make_trainer(config: Config) -> run.Trainer:
         )
 
     def env_step(state: RunnerState, _):
-        """One step of the B environments; the policy sees observations normalized by state.obs_stats."""
+        """One step of the B environments; the policy sees observations normalized by
+        state.obs_stats."""
         key, act_key, step_key = jax.random.split(state.key, 3)
         inputs = jax.vmap(policy_network, (None, 0, None, None))(
             state.policy_params,
@@ -496,14 +504,16 @@ def make_trainer(config: Config) -> run.Trainer:
         ), transition
 
     def rollout(state: RunnerState) -> Rollout:
-        # COLLECT: T steps of B environments under the current policy (the value net first takes its shared layers).
+        # COLLECT: T steps of B environments under the current policy (the value net first takes its
+        # shared layers).
         value_params = share_layers(state.policy_params, state.value_params, config.n_shared_layers)
         state = state._replace(
             value_params=value_params, episode_stats=envs.reset_epoch_stats(state.episode_stats)
         )
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
-        # ADVANTAGES: the estimator on V(s_t), V(final_obs_t) (truncations bootstrap), rewards / their return std.
+        # ADVANTAGES: the estimator on V(s_t), V(final_obs_t) (truncations bootstrap), rewards /
+        # their return std.
         norm = functools.partial(envs.normalize_obs, state.obs_stats)  # off: the identity
         values = value_scale * values_of(state.value_params, norm(traj.obs), config.activation)
         next_values = value_scale * values_of(
@@ -529,10 +539,14 @@ def make_trainer(config: Config) -> run.Trainer:
     def fit(
         loss_fn, tx, params, opt_state, batch: Batch, key, n_steps: int, batch_size: int, name: str
     ):
-        """n_steps Adam steps of batch_size transitions, in passes over the shuffled rollout; pmean'd grads."""
+        """n_steps Adam steps of batch_size transitions, in passes over the shuffled rollout;
+        pmean'd grads."""
         per_pass = layout.rollout_size // batch_size
         n_passes = -(-n_steps // per_pass)
-        shuffle = lambda k: jax.random.permutation(k, layout.rollout_size)[: per_pass * batch_size]  # noqa: E731
+
+        def shuffle(k):
+            return jax.random.permutation(k, layout.rollout_size)[: per_pass * batch_size]
+
         order = jax.vmap(shuffle)(jax.random.split(key, n_passes)).reshape(-1, batch_size)[:n_steps]
 
         def train_step(carry, idx):
@@ -557,7 +571,9 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # UPDATE: the value net on V + A, then the policy on A (both from V before this update);
         # each network with its own steps, batch size and optimizer.
-        flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+        def flat(x):  # [T, B, ...] -> [T*B, ...]
+            return x.reshape((layout.rollout_size,) + x.shape[2:])
+
         obs = envs.normalize_obs(state.obs_stats, traj.obs)  # what the networks saw
         batch = jax.tree.map(
             flat,
@@ -595,15 +611,13 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in {**value_metrics, **policy_metrics}.items()}
-        metrics["policy/preferred_move"] = jnp.mean(
-            traj.greedy_action
-        )  # the mean mode of pi_old (greedy action)
+        # the mean mode of pi_old (greedy action)
+        metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(residual_metrics(advantages, targets))  # A = R - V over every device's batch
         metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
-        obs_stats = envs.update_obs_stats(
-            state.obs_stats, traj.obs
-        )  # --normalize-obs: every device's obs join
+        # --normalize-obs: every device's obs join
+        obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs)
         return state._replace(
             policy_params=policy_params,
             value_params=value_params,

@@ -1,13 +1,15 @@
 """Advantage-Weighted Regression, and Sampling AWR with a Q-value critic.
 
-Trax's `AWR` and `SamplingAWR` trainers (Peng et al. 2019, "Advantage-Weighted Regression: Simple and
-Scalable Off-Policy Reinforcement Learning", arXiv:1910.00177). Separate policy and critic networks, each
-with its own optimizer, batch size and number of steps per epoch; the last `--n-replay-epochs` epochs of
-transitions live in a ring buffer inside the compiled state. One epoch is one compiled function.
+Trax's `AWR` and `SamplingAWR` trainers (Peng et al. 2019, "Advantage-Weighted Regression: Simple
+and Scalable Off-Policy Reinforcement Learning", arXiv:1910.00177). Separate policy and critic
+networks, each with its own optimizer, batch size and number of steps per epoch; the last
+`--n-replay-epochs` epochs of transitions live in a ring buffer inside the compiled state. One epoch
+is one compiled function.
 
-Plain AWR: V(s) regresses on TD(lambda) returns G; the policy maximises mean w log pi(a|s) with
-w = min(exp(A / beta), w_max), A = G - V(s) standardized. Sampling AWR (--q-value): Q(s, a) regresses on returns
-bootstrapped from K actions of the behaviour policy mu; the policy weighs them by A_k = Q(s, a_k) - mean_k Q(s, a_k).
+Plain AWR: V(s) regresses on TD(lambda) returns G; the policy maximises mean w log pi(a|s) with w =
+min(exp(A / beta), w_max), A = G - V(s) standardized. Sampling AWR (--q-value): Q(s, a) regresses on
+returns bootstrapped from K actions of the behaviour policy mu; the policy weighs them by A_k = Q(s,
+a_k) - mean_k Q(s, a_k).
 
     python algos/awr.py                          # CartPole-v1
     python algos/awr.py --q-value --n-samples 4  # Sampling AWR
@@ -55,7 +57,8 @@ class Config(cli.RunConfig):
     value_batch_size: int = 256
     """transitions per critic minibatch (per device), drawn uniformly from the replay"""
     value_steps: int = 0
-    """critic Adam steps per epoch (0: 32 for V; 128 for Q, which learns the action's effect from taken actions only)"""
+    """critic Adam steps per epoch (0: 32 for V; 128 for Q, which learns the action's effect from
+    taken actions only)"""
     max_grad_norm: float = 0.5
     """clip each network's gradients to this global norm (0: no clipping)"""
     gamma: float = 0.99
@@ -75,7 +78,8 @@ class Config(cli.RunConfig):
     q_value: bool = False
     """Sampling AWR: a Q(s, a) critic and K sampled actions per state"""
     n_samples: int = 1
-    """K actions per state (with --q-value); at least the number of discrete actions: each once, weighted by mu"""
+    """K actions per state (with --q-value); at least the number of discrete actions: each once,
+    weighted by mu"""
     q_aggregate: Literal["mean", "max", "softmax", "logsumexp"] = "mean"
     """how Q over the K actions bootstraps the critic's targets (with --q-value)"""
     q_temperature: float = 1.0
@@ -91,10 +95,12 @@ class Config(cli.RunConfig):
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
     normalize_obs: bool = False
-    """normalize observations by their running mean and variance (per seed, merged over devices, checkpointed)"""
+    """normalize observations by their running mean and variance (per seed, merged over devices,
+    checkpointed)"""
     no_normalize_reward: bool = False
-    """use the raw rewards; by default the learner's are divided by a running std of the discounted return where
-    above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward scale"""
+    """use the raw rewards; by default the learner's are divided by a running std of the discounted
+    return where above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward
+    scale"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -113,14 +119,16 @@ class Config(cli.RunConfig):
         )
         cli.require(
             self.q_value or self.n_samples == 1,
-            f"--n-samples {self.n_samples} needs --q-value (plain AWR weights the taken action only)",
+            f"--n-samples {self.n_samples} needs --q-value (plain AWR weights the taken action "
+            "only)",
         )
+        # Sampling AWR's own flags
         for name in (
             "reweight",
             "q_aggregate",
             "q_temperature",
             "q_normalization",
-        ):  # Sampling AWR's own flags
+        ):
             cli.require(
                 self.q_value or getattr(self, name) == getattr(Config, name),
                 f"{cli.flag_name(name)} applies to Sampling AWR: add --q-value",
@@ -153,20 +161,21 @@ def policy_net(params: dict, obs: jax.Array, dist, activation: nets.Activation) 
 def critic_net(
     params: dict, obs: jax.Array, codes: jax.Array | None, activation: nets.Activation
 ) -> jax.Array:
-    """V(s) `[]`, or Q(s, a_k) `[K]` for action codes `[K, n_code]` (one-hot or flat continuous actions). Q's first
-    layer is W [s; a] = W_s s + W_a a: W_s s is computed once per state, so K actions cost little more than one."""
-    n_conv = sum(
-        layer["w"].ndim == 4 for layer in params["torso"]
-    )  # the convolution, if any, sees the state alone
+    """V(s) `[]`, or Q(s, a_k) `[K]` for action codes `[K, n_code]` (one-hot or flat continuous
+    actions). Q's first layer is W [s; a] = W_s s + W_a a: W_s s is computed once per state, so K
+    actions cost little more than one."""
+    # the convolution, if any, sees the state alone
+    n_conv = sum(layer["w"].ndim == 4 for layer in params["torso"])
     x, (first, *rest) = (
         nets.torso(params["torso"][:n_conv], obs, activation),
         params["torso"][n_conv:],
     )
+    # [K, H]
     h = (
         x @ first["w"][: x.size]
         + first["b"]
         + (0.0 if codes is None else codes @ first["w"][x.size :])
-    )  # [K, H]
+    )
     h = jax.vmap(nets.torso, (None, 0, None))(
         rest, jnp.atleast_2d(nets.ACTIVATIONS[activation](h)), activation
     )
@@ -182,9 +191,8 @@ class Transition(NamedTuple):
     done: jax.Array  # terminated or truncated: the lambda-trace stops
     final_obs: jax.Array  # s_{t+1} before any reset (bootstraps truncated episodes)
     inputs: jax.Array  # behaviour policy mu(.|s_t): distribution inputs at collection
-    next_inputs: (
-        jax.Array
-    )  # mu(.|s_{t+1}) at final_obs, for the Q bootstrap's samples (set after COLLECT's scan)
+    # mu(.|s_{t+1}) at final_obs, for the Q bootstrap's samples (set after COLLECT's scan)
+    next_inputs: jax.Array
 
 
 class Replay(NamedTuple):
@@ -203,24 +211,22 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
     key: jax.Array  # differs per device
-    obs_stats: (
-        envs.ObsStats | None
-    )  # --normalize-obs: what the networks normalize with; None (no arrays) if off
-    reward_stats: (
-        envs.RewardStats | None
-    )  # the discounted returns' statistics; --no-normalize-reward: None
+    # --normalize-obs: what the networks normalize with; None (no arrays) if off
+    obs_stats: envs.ObsStats | None
+    # the discounted returns' statistics; --no-normalize-reward: None
+    reward_stats: envs.RewardStats | None
 
 
 class Targets(NamedTuple):
-    """What one critic makes of the N = m T B replay rows: TD(lambda) returns and K weighted actions per state."""
+    """What one critic makes of the N = m T B replay rows: TD(lambda) returns and K weighted actions
+    per state."""
 
     returns: jax.Array  # [N] TD(lambda) returns
     actions: jax.Array  # [N, K, ...] the taken action (plain AWR), or the K actions per state
     log_mu: jax.Array  # [N, K] log mu(a_k|s) (plain AWR: 0)
     q: jax.Array  # [N, K] Q(s, a_k) (plain AWR: V(s))
-    advantages: (
-        jax.Array
-    )  # [N, K] G - V(s) or Q(s, a_k) - V(s), standardized (unless --no-normalize-advantages)
+    # [N, K] G - V(s) or Q(s, a_k) - V(s), standardized (unless --no-normalize-advantages)
+    advantages: jax.Array
     weights: jax.Array  # [N, K] min(exp(A / beta), w_max)
     mask: jax.Array  # [N, K] m_k: mu(a_k|s) when every action is enumerated, else 1
     metrics: (
@@ -229,23 +235,26 @@ class Targets(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """An epoch before its policy update: the runner (this epoch stored, the critic updated) and what follows."""
+    """An epoch before its policy update: the runner (this epoch stored, the critic updated) and
+    what follows."""
 
     runner: RunnerState
     traj: Transition  # [T, B, ...] this epoch's steps as collected (raw observations)
-    rows: Transition  # [N, ...] the replay, observations and rewards normalized with the current statistics
-    returns: (
-        jax.Array
-    )  # [N] what the critic regressed on: the returns of the critic before its update
-    targets: Targets  # the policy's: from the critic just updated (plain AWR) or the target copy (Sampling AWR)
+    # [N, ...] the replay, observations and rewards normalized with the current statistics
+    rows: Transition
+    # [N] what the critic regressed on: the returns of the critic before its update
+    returns: jax.Array
+    # the policy's: from the critic just updated (plain AWR) or the target copy (Sampling AWR)
+    targets: Targets
     critic_metrics: dict  # per critic step: loss/value, optim/value_grad_norm
     policy_key: jax.Array
 
 
 def td_lambda(rewards, next_values, terminated, dones, gamma: float, lam: float):
-    """TD(lambda) returns over time-major `[T, B]` arrays: G_t = r_t + gamma_t ((1 - lam_t) V(s'_t) + lam_t G_{t+1}),
-    gamma_t = gamma (1 - terminated_t), lam_t = lam (1 - done_t), s'_t the observation after step t before any reset
-    (a truncated episode bootstraps from it), G_T = V(s'_{T-1}). lam = 1: Monte-Carlo in the rollout; 0: TD(0)."""
+    """TD(lambda) returns over time-major `[T, B]` arrays: G_t = r_t + gamma_t ((1 - lam_t) V(s'_t)
+    + lam_t G_{t+1}), gamma_t = gamma (1 - terminated_t), lam_t = lam (1 - done_t), s'_t the
+    observation after step t before any reset (a truncated episode bootstraps from it), G_T =
+    V(s'_{T-1}). lam = 1: Monte-Carlo in the rollout; 0: TD(0)."""
     chex.assert_rank(rewards, 2), chex.assert_equal_shape([rewards, next_values, terminated, dones])
     discount, trace = (
         gamma * (1.0 - terminated.astype(jnp.float32)),
@@ -269,12 +278,15 @@ def awr_weights(advantages, beta: float, w_max: float):
 
 
 def q_scale(q, valid, normalization: str):
-    """std(Q) or mean|Q - mean Q| (+ 1e-5) over the `valid` rows of `q` `[N, K]` (empty replay slots left out),
-    the same on every device (merged sums); 1 for none."""
+    """std(Q) or mean|Q - mean Q| (+ 1e-5) over the `valid` rows of `q` `[N, K]` (empty replay slots
+    left out), the same on every device (merged sums); 1 for none."""
     chex.assert_rank([q, valid], [2, 1])
     if normalization == "none":
         return 1.0
-    psum = lambda x: jax.lax.psum(jnp.sum(x), devices.DEVICE_AXIS)  # noqa: E731
+
+    def psum(x):
+        return jax.lax.psum(jnp.sum(x), devices.DEVICE_AXIS)
+
     count = psum(valid.astype(jnp.float32)) * q.shape[1]
     deviation = jnp.where(valid[:, None], q - psum(jnp.where(valid[:, None], q, 0.0)) / count, 0.0)
     if normalization == "std":
@@ -285,10 +297,9 @@ def q_scale(q, valid, normalization: str):
 def aggregate_q(q, log_mu, how: str, temperature: float, enumerated: bool, scale=1.0):
     """V_agg(s) from Q(s, a_k) over `[N, K]` actions per state.
 
-    mean: mean_k Q_k, or sum_k mu(a_k|s) Q_k when every discrete action is enumerated; max: max_k Q_k;
-    softmax: sum_k softmax(Q / T)_k Q_k; logsumexp: T * (logsumexp(Q / T) - log K). Q is divided by
-    `scale` (see `q_scale`) before aggregating and the result multiplied back.
-    """
+    mean: mean_k Q_k, or sum_k mu(a_k|s) Q_k when every discrete action is enumerated; max: max_k
+    Q_k; softmax: sum_k softmax(Q / T)_k Q_k; logsumexp: T * (logsumexp(Q / T) - log K). Q is
+    divided by `scale` (see `q_scale`) before aggregating and the result multiplied back."""
     chex.assert_rank(q, 2)
     chex.assert_equal_shape([q, log_mu])
     q = q / scale
@@ -304,8 +315,8 @@ def aggregate_q(q, log_mu, how: str, temperature: float, enumerated: bool, scale
 
 
 def sample_actions(dist, inputs, key, n_samples: int, enumerate_all: bool):
-    """K actions per state from mu = dist(inputs `[N, n_inputs]`) and their log mu: `[N, K, ...]`, `[N, K]`.
-    `enumerate_all`: every discrete action once, a_k = k."""
+    """K actions per state from mu = dist(inputs `[N, n_inputs]`) and their log mu: `[N, K, ...]`,
+    `[N, K]`. `enumerate_all`: every discrete action once, a_k = k."""
     chex.assert_rank(inputs, 2)
     inputs = jnp.broadcast_to(inputs[:, None], (inputs.shape[0], n_samples, inputs.shape[1]))
     actions = (
@@ -360,22 +371,22 @@ def make_trainer(config: Config) -> run.Trainer:
     )
     cli.require(
         not config.q_value or K > 1 or (dist.discrete and dist.n == 1),
-        "--q-value with --n-samples 1 "
-        "learns nothing: every advantage Q(s, a_1) - mean_k Q(s, a_k) is 0; use --n-samples 2 or more"
+        "--q-value with --n-samples 1 learns nothing: every advantage Q(s, a_1) - mean_k Q(s, "
+        "a_k) is 0; use --n-samples 2 or more"
         + (f" ({dist.n} enumerates every action of {config.env})" if dist.discrete else ""),
     )
-    n_rows = (
-        capacity * layout.rollout_size
-    )  # N = m T B rows of one device's replay: its batches are drawn there
+    # N = m T B rows of one device's replay: its batches are drawn there
+    n_rows = capacity * layout.rollout_size
     for name in ("policy_batch_size", "value_batch_size"):
         cli.require(
             getattr(config, name) <= n_rows,
-            f"{cli.flag_name(name)} {getattr(config, name)} is larger than"
-            f" the replay: {capacity} epochs x {B} envs x {T} steps = {n_rows} transitions per device; use "
-            f"at most {n_rows}",
+            f"{cli.flag_name(name)} {getattr(config, name)} is larger than the replay: {capacity} "
+            f"epochs x {B} envs x {T} steps = {n_rows} transitions per device; use at most "
+            f"{n_rows}",
         )
-    # K >= A discrete actions: each once, weighted by mu(a|s). Sampled, a near-deterministic mu gives K copies of one
-    # action, every A_k = 0, and the policy never leaves it (CartPole, K = 4: 2 of 32 at 9; enumerated: 0 of 40).
+    # K >= A discrete actions: each once, weighted by mu(a|s). Sampled, a near-deterministic mu
+    # gives K copies of one action, every A_k = 0, and the policy never leaves it (CartPole, K = 4:
+    # 2 of 32 at 9; enumerated: 0 of 40).
     enumerate_all = config.q_value and dist.discrete and K >= dist.n
     K = dist.n if enumerate_all else K
 
@@ -399,9 +410,8 @@ def make_trainer(config: Config) -> run.Trainer:
     def pi(params, obs):
         return jax.vmap(policy_net, (None, 0, None, None))(params, obs, dist, config.activation)
 
-    def critic(
-        params, obs, actions=None
-    ):  # [N, ...] -> V [N]; with actions [N, K, ...] (one-hot if discrete) Q [N, K]
+    # [N, ...] -> V [N]; with actions [N, K, ...] (one-hot if discrete) Q [N, K]
+    def critic(params, obs, actions=None):
         codes = (
             None
             if actions is None
@@ -437,9 +447,8 @@ def make_trainer(config: Config) -> run.Trainer:
         ), transition
 
     def init(key):
-        policy_key, head_key, critic_key, out_key, env_key = jax.random.split(
-            key, 5
-        )  # same on every device
+        # same on every device
+        policy_key, head_key, critic_key, out_key, env_key = jax.random.split(key, 5)
         reset_key, run_key = jax.random.split(devices.device_key(env_key))
         obs, env_state = envs.reset_envs(env, env_params, reset_key, B)
 
@@ -456,9 +465,8 @@ def make_trainer(config: Config) -> run.Trainer:
             "torso": torso(policy_key, 0),
             "head": dist.head_init(head_key, config.hidden[-1]),
         }
-        code_dim = (
-            (dist.n if dist.discrete else dist.d) if config.q_value else 0
-        )  # Q(s, a): the action's input
+        # Q(s, a): the action's input
+        code_dim = (dist.n if dist.discrete else dist.d) if config.q_value else 0
         critic_params = {
             "torso": torso(critic_key, code_dim),
             "out": nets.dense_init(out_key, config.hidden[-1], 1, 1),
@@ -484,12 +492,12 @@ def make_trainer(config: Config) -> run.Trainer:
         return jnp.sum(x * valid[:, None]) / jnp.sum(valid) / K
 
     def targets_of(critic_params, rows: Transition, valid, key) -> Targets:
-        """What the critic `critic_params` makes of the replay `rows` `[N, ...]` (`valid` `[N]`: those holding data)."""
+        """What the critic `critic_params` makes of the replay `rows` `[N, ...]` (`valid` `[N]`:
+        those holding data)."""
         if config.q_value:
             key, next_key = jax.random.split(key)
-            actions, log_mu = sample_actions(
-                dist, rows.inputs, key, K, enumerate_all
-            )  # [N, K, ...], [N, K]
+            # [N, K, ...], [N, K]
+            actions, log_mu = sample_actions(dist, rows.inputs, key, K, enumerate_all)
             next_actions, next_log_mu = sample_actions(
                 dist, rows.next_inputs, next_key, K, enumerate_all
             )
@@ -514,9 +522,8 @@ def make_trainer(config: Config) -> run.Trainer:
                 critic(critic_params, rows.final_obs),
             )
             q = values[:, None]
-        returns = jax.vmap(
-            td_lambda, (0, 0, 0, 0, None, None)
-        )(  # each stored epoch is its own [T, B] rollout
+        # each stored epoch is its own [T, B] rollout
+        returns = jax.vmap(td_lambda, (0, 0, 0, 0, None, None))(
             *(
                 x.reshape((capacity, T, B))
                 for x in (rows.reward, next_values, rows.terminated, rows.done)
@@ -556,7 +563,8 @@ def make_trainer(config: Config) -> run.Trainer:
     def minibatch_steps(
         net: str, loss_fn, tx, params, opt_state, key, n_steps: int, batch_size: int, n_valid
     ):
-        """n_steps Adam steps on batch_size rows drawn from the first n_valid, gradients averaged over devices."""
+        """n_steps Adam steps on batch_size rows drawn from the first n_valid, gradients averaged
+        over devices."""
 
         def step(carry, key):
             params, opt_state = carry
@@ -570,25 +578,26 @@ def make_trainer(config: Config) -> run.Trainer:
         return jax.lax.scan(step, (params, opt_state), jax.random.split(key, n_steps))
 
     def rollout(state: RunnerState) -> Rollout:
-        norm = lambda obs: envs.normalize_obs(state.obs_stats, obs)  # noqa: E731  (--normalize-obs off: the identity)
+        def norm(obs):  # --normalize-obs off: the identity
+            return envs.normalize_obs(state.obs_stats, obs)
+
         # COLLECT: T steps of B environments under the current policy (the behaviour policy mu).
         state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
         state, traj = jax.lax.scan(env_step, state, None, T)
-        if (
-            config.q_value
-        ):  # mu(.|s'_t): the policy is fixed during the rollout, so one batched call
+        # mu(.|s'_t): the policy is fixed during the rollout, so one batched call
+        if config.q_value:
             traj = traj._replace(
                 next_inputs=jax.vmap(pi, (None, 0))(state.policy, norm(traj.final_obs))
             )
 
-        # STORE: the epoch overwrites the oldest slot; minibatches draw from the first n_valid rows (the rest is empty).
+        # STORE: the epoch overwrites the oldest slot; minibatches draw from the first n_valid rows
+        # (the rest is empty).
         reward_stats = envs.update_reward_stats(
             state.reward_stats, traj.reward, traj.done, config.gamma
         )
         state = state._replace(replay=replay_push(state.replay, traj), reward_stats=reward_stats)
-        rows = jax.tree.map(
-            lambda x: x.reshape((n_rows,) + x.shape[3:]), state.replay.data
-        )  # [N, ...]
+        # [N, ...]
+        rows = jax.tree.map(lambda x: x.reshape((n_rows,) + x.shape[3:]), state.replay.data)
         rows = rows._replace(
             obs=norm(rows.obs),
             final_obs=norm(rows.final_obs),  # rewards / the return std now
@@ -598,7 +607,8 @@ def make_trainer(config: Config) -> run.Trainer:
         valid = jnp.arange(n_rows) < n_valid
         key, target_key, critic_key, policy_key = jax.random.split(state.key, 4)
 
-        # TARGETS: TD(lambda) over every stored epoch with the critic as it is now (Sampling AWR: the target copy).
+        # TARGETS: TD(lambda) over every stored epoch with the critic as it is now (Sampling AWR:
+        # the target copy).
         targets = targets_of(state.critic, rows, valid, target_key)
 
         # CRITIC: L2 regression of V(s_t), or Q(s_t, a_t) on the taken action, on the returns.
@@ -620,7 +630,8 @@ def make_trainer(config: Config) -> run.Trainer:
             config.value_batch_size,
             n_valid,
         )
-        # Plain AWR's policy weighs A = G - V of the critic just updated; Sampling AWR's the target copy's A_k.
+        # Plain AWR's policy weighs A = G - V of the critic just updated; Sampling AWR's the target
+        # copy's A_k.
         return Rollout(
             runner=state._replace(critic=critic_params, critic_opt=critic_opt, key=key),
             traj=traj,
@@ -653,7 +664,8 @@ def make_trainer(config: Config) -> run.Trainer:
             n_valid,
         )
 
-        # METRICS: scalar means over the update steps, the targets' statistics, the transitions stored (all devices).
+        # METRICS: scalar means over the update steps, the targets' statistics, the transitions
+        # stored (all devices).
         metrics = {k: jnp.mean(v) for k, v in {**policy_metrics, **r.critic_metrics}.items()}
         size = (n_valid * layout.n_devices).astype(jnp.float32)
         metrics = jax.lax.pmean({**metrics, **t.metrics, "replay/size": size}, devices.DEVICE_AXIS)

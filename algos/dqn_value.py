@@ -8,7 +8,8 @@ batches sampled from it, with periodic target-network syncs -- is one compiled
 function; Python only loops over epochs.
 
     python algos/dqn_value.py                    # CartPole-v1
-    python algos/dqn_value.py --env Acrobot-v1   # greedy return about -80 after the default 100k steps
+    python algos/dqn_value.py --env Acrobot-v1   # greedy return about -80 after the default 100k
+    steps
 
 n-step targets are formed when a batch is sampled, not at collection: the
 replay keeps each environment's steps in time order, across epochs, so a
@@ -65,7 +66,8 @@ class Config(cli.RunConfig):
     gamma: float = 0.99
     """discount"""
     n_step: int = 3
-    """n of the n-step targets: sum_{k<n} gamma^k r_{t+k} + gamma^n max_a Q_target(s_{t+n}, a), cut at episode ends"""
+    """n of the n-step targets: sum_{k<n} gamma^k r_{t+k} + gamma^n max_a Q_target(s_{t+n}, a), cut
+    at episode ends"""
     sync_freq: int = 500
     """copy the online network into the target network every this many gradient steps"""
     double_dqn: bool = False
@@ -98,8 +100,8 @@ class Config(cli.RunConfig):
         cli.require(
             held >= self.batch_size,
             f"--n-replay-epochs {self.n_replay_epochs}: the replay holds {held} transitions "
-            f"({self.n_replay_epochs} epochs x {self.num_envs} envs x {self.num_steps} steps), fewer "
-            f"than --batch-size {self.batch_size}; keep more epochs or use a smaller batch",
+            f"({self.n_replay_epochs} epochs x {self.num_envs} envs x {self.num_steps} steps), "
+            f"fewer than --batch-size {self.batch_size}; keep more epochs or use a smaller batch",
         )
         cli.require(
             self.n_step <= self.capacity,
@@ -127,7 +129,8 @@ class Config(cli.RunConfig):
 
     @property
     def capacity(self) -> int:
-        """Rows of the replay's ring buffer: each environment's steps of the last n_replay_epochs epochs."""
+        """Rows of the replay's ring buffer: each environment's steps of the last n_replay_epochs
+        epochs."""
         return self.n_replay_epochs * self.num_steps
 
 
@@ -162,33 +165,32 @@ class Transition(NamedTuple):
 
 
 class Row(NamedTuple):
-    """One step as the replay keeps it: s_{t+1} is the next row's obs, or `Replay.final[final_slot]`."""
+    """One step as the replay keeps it: s_{t+1} is the next row's obs, or
+    `Replay.final[final_slot]`."""
 
     obs: jax.Array
     action: jax.Array
     reward: jax.Array
     terminated: jax.Array
     done: jax.Array
-    final_slot: (
-        jax.Array
-    )  # truncated (and not terminated): its final observation's slot in Replay.final; else -1
+    # truncated (and not terminated): its final observation's slot in Replay.final; else -1
+    final_slot: jax.Array
 
 
 class Replay(NamedTuple):
-    """A ring of Config.capacity rows; each environment's column holds its steps in time order, across epochs.
+    """A ring of Config.capacity rows; each environment's column holds its steps in time order,
+    across epochs.
 
-    An episode lasts at most max_steps_in_episode steps (gymnax truncates at the time limit), so the rows
-    hold at most capacity // max_steps + 1 truncations per environment: `final` has that many slots.
-    """
+    An episode lasts at most max_steps_in_episode steps (gymnax truncates at the time limit), so the
+    rows hold at most capacity // max_steps + 1 truncations per environment: `final` has that many
+    slots."""
 
     data: Row  # [capacity, B, ...]
     next_obs: jax.Array  # [B, *obs_shape] s_{t+1} of the newest row (after any reset)
-    final: (
-        jax.Array
-    )  # [n_final, B, *obs_shape] final observations of truncated episodes, a ring per environment
-    n_truncated: (
-        jax.Array
-    )  # [B] truncations stored so far: the next one goes to slot n_truncated % n_final
+    # [n_final, B, *obs_shape] final observations of truncated episodes, a ring per environment
+    final: jax.Array
+    # [B] truncations stored so far: the next one goes to slot n_truncated % n_final
+    n_truncated: jax.Array
     position: jax.Array  # [] the next row to write
     filled: jax.Array  # [] rows holding data (at most capacity)
 
@@ -202,7 +204,8 @@ class Batch(NamedTuple):
 
 
 class NStep(NamedTuple):
-    """The parts of the n-step targets of `[N]` windows: y = returns + discount * Q_target(s'_{t+last})."""
+    """The parts of the n-step targets of `[N]` windows: y = returns + discount *
+    Q_target(s'_{t+last})."""
 
     returns: jax.Array  # [N] G = sum_{k<m} gamma^k r_{t+k}
     discount: jax.Array  # [N] gamma^m (1 - terminated_{t+m-1})
@@ -226,7 +229,8 @@ class RunnerState(NamedTuple):
 # Pure math
 # ----------------------------------------------------------------------------
 def epsilon_schedule(epoch, eps_start: float, eps_decay: float, eps_min: float):
-    """epsilon(epoch) = max(eps_min, eps_start * eps_decay ** epoch) (Trax's multifactor schedule)."""
+    """epsilon(epoch) = max(eps_min, eps_start * eps_decay ** epoch) (Trax's multifactor
+    schedule)."""
     return jnp.maximum(eps_min, eps_start * eps_decay ** jnp.asarray(epoch, jnp.float32))
 
 
@@ -249,7 +253,8 @@ def n_step_return(rewards, terminated, cut, gamma: float) -> NStep:
 
 
 def bootstrap_value(q_target, q_online, double: bool):
-    """max_a Q_target(s', a); double DQN: Q_target(s', argmax_a Q_online(s', a)). `[N, A] -> [N]`."""
+    """max_a Q_target(s', a); double DQN: Q_target(s', argmax_a Q_online(s', a)). `[N, A] ->
+    [N]`."""
     chex.assert_rank([q_target, q_online], 2)
     chex.assert_equal_shape([q_target, q_online])
     best = jnp.argmax(q_online if double else q_target, axis=-1)
@@ -284,7 +289,10 @@ def dqn_loss(params, target_params, batch: Batch, config: Config):
 
 def init_replay(capacity: int, n_final: int, obs: jax.Array) -> Replay:
     """An empty replay for the environments' first observations `obs` `[B, *obs_shape]`."""
-    zeros = lambda shape, dtype: jnp.zeros((capacity,) + shape, dtype)  # noqa: E731
+
+    def zeros(shape, dtype):
+        return jnp.zeros((capacity,) + shape, dtype)
+
     n_envs = obs.shape[0]
     data = Row(
         obs=zeros(obs.shape, obs.dtype),
@@ -306,8 +314,9 @@ def init_replay(capacity: int, n_final: int, obs: jax.Array) -> Replay:
 
 
 def replay_push(replay: Replay, rollout: Transition, next_obs: jax.Array) -> Replay:
-    """`replay` with a `[T, B, ...]` rollout written at its position (capacity a multiple of T, position of T);
-    `next_obs` `[B, ...]` follows its last step. Truncated steps' final observations go to their slots."""
+    """`replay` with a `[T, B, ...]` rollout written at its position (capacity a multiple of T,
+    position of T); `next_obs` `[B, ...]` follows its last step. Truncated steps' final observations
+    go to their slots."""
     chex.assert_rank([replay.data.reward, rollout.reward], 2)
     capacity, n_rows, n_final = (
         replay.data.reward.shape[0],
@@ -315,9 +324,8 @@ def replay_push(replay: Replay, rollout: Transition, next_obs: jax.Array) -> Rep
         replay.final.shape[0],
     )
     truncated = rollout.done & ~rollout.terminated  # [T, B]
-    count = (
-        replay.n_truncated + jnp.cumsum(truncated, axis=0) - truncated
-    )  # truncations before each step
+    # truncations before each step
+    count = replay.n_truncated + jnp.cumsum(truncated, axis=0) - truncated
     slot = jnp.where(truncated, count % n_final, -1)
     rows = Row(
         obs=rollout.obs,
@@ -347,7 +355,8 @@ def replay_push(replay: Replay, rollout: Transition, next_obs: jax.Array) -> Rep
 
 
 def sample_batch(replay: Replay, key, n_samples: int, n_step: int, gamma: float) -> Batch:
-    """`n_samples` transitions drawn uniformly from the filled rows, with their n-step targets' parts.
+    """`n_samples` transitions drawn uniformly from the filled rows, with their n-step targets'
+    parts.
 
     Each environment's column of the ring holds its steps in time order, so a
     window runs on from the sampled row (wrapping around the ring) until an
@@ -360,15 +369,21 @@ def sample_batch(replay: Replay, key, n_samples: int, n_step: int, gamma: float)
     start = jax.random.randint(row_key, (n_samples,), 0, replay.filled)
     env = jax.random.randint(env_key, (n_samples,), 0, n_envs)
     rows = (start[:, None] + jnp.arange(n_step)) % capacity  # [N, n]
-    window = lambda x: x[rows, env[:, None]]  # noqa: E731  [capacity, B] -> [N, n]
+
+    def window(x):  # [capacity, B] -> [N, n]
+        return x[rows, env[:, None]]
+
     newest = (replay.position - 1) % capacity
     cut = window(data.done) | (rows == newest)
     parts = n_step_return(window(data.reward), window(data.terminated), cut, gamma)
     boot_row = jnp.take_along_axis(rows, parts.last[:, None], axis=1)[:, 0]
-    # s'_{t+m-1}: a truncated row's final observation, the newest row's successor, or the next row's obs (after
-    # a termination it is the reset's, and the discount 0 leaves it out)
+    # s'_{t+m-1}: a truncated row's final observation, the newest row's successor, or the next row's
+    # obs (after a termination it is the reset's, and the discount 0 leaves it out)
     slot, after = data.final_slot[boot_row, env], (boot_row + 1) % capacity
-    expand = lambda c: c.reshape(c.shape + (1,) * (data.obs.ndim - 2))  # noqa: E731  [N] -> [N, 1, ...]
+
+    def expand(c):  # [N] -> [N, 1, ...]
+        return c.reshape(c.shape + (1,) * (data.obs.ndim - 2))
+
     boot_obs = jnp.where(
         expand(slot >= 0),
         replay.final[jnp.maximum(slot, 0), env],
@@ -409,9 +424,8 @@ def make_trainer(config: Config) -> run.Trainer:
     n_actions = int(space.n)
     obs_shape = tuple(env.observation_space(env_params).shape)
     conv = nets.uses_conv(config.torso, obs_shape)
-    n_final = (
-        config.capacity // int(env_params.max_steps_in_episode) + 1
-    )  # truncations the ring can hold (Replay)
+    # truncations the ring can hold (Replay)
+    n_final = config.capacity // int(env_params.max_steps_in_episode) + 1
     n_updates = layout.num_epochs * config.update_steps
     lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
     clip = (
@@ -488,9 +502,10 @@ def make_trainer(config: Config) -> run.Trainer:
             config.n_step,
             config.gamma,
         )
+        # [U * N, ...] -> [U, N, ...]
         batches = jax.tree.map(
             lambda x: x.reshape((config.update_steps, batch_per_device) + x.shape[1:]), batches
-        )  # [U * N, ...] -> [U, N, ...]
+        )
 
         # UPDATE: gradient steps on the sampled batches; gradients averaged over devices.
         def update_step(runner: RunnerState, batch: Batch):

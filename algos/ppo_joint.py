@@ -66,11 +66,12 @@ class Config(cli.RunConfig):
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
     normalize_obs: bool = False
-    """normalize observations by their running mean and variance (kept in the runner state, merged over
-    devices, per seed, saved in checkpoints), clipped to +-10"""
+    """normalize observations by their running mean and variance (kept in the runner state, merged
+    over devices, per seed, saved in checkpoints), clipped to +-10"""
     no_normalize_reward: bool = False
-    """use the raw rewards; by default the learner's are divided by a running std of the discounted return where
-    above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward scale"""
+    """use the raw rewards; by default the learner's are divided by a running std of the discounted
+    return where above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward
+    scale"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -97,9 +98,8 @@ class Config(cli.RunConfig):
 # Network: plain functions over a parameter pytree
 # ----------------------------------------------------------------------------
 def init_network(key, obs_shape: tuple, hidden: tuple, dist, conv: bool = False) -> dict:
-    keys = jax.random.split(
-        key, len(hidden) + 2
-    )  # one per hidden layer, the policy head, the value head
+    # one per hidden layer, the policy head, the value head
+    keys = jax.random.split(key, len(hidden) + 2)
     return {
         "torso": nets.torso_init(keys[:-2], obs_shape, hidden, conv),
         "policy": dist.head_init(keys[-2], hidden[-1]),
@@ -123,12 +123,10 @@ class RunnerState(NamedTuple):
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
-    obs_stats: (
-        envs.ObsStats | None
-    )  # --normalize-obs: statistics of the earlier epochs' observations; off: None
-    reward_stats: (
-        envs.RewardStats | None
-    )  # the discounted returns' statistics; --no-normalize-reward: None
+    # --normalize-obs: statistics of the earlier epochs' observations; off: None
+    obs_stats: envs.ObsStats | None
+    # the discounted returns' statistics; --no-normalize-reward: None
+    reward_stats: envs.RewardStats | None
     key: jax.Array  # differs per device
 
 
@@ -190,7 +188,8 @@ def gae(rewards, values, next_values, terminated, dones, gamma: float, lam: floa
 
 
 def clipped_surrogate(log_prob, old_log_prob, advantage, clip_eps: float):
-    """PPO's policy loss -mean(min(r A, clip(r, 1 - eps, 1 + eps) A)), r = exp(log pi - log pi_old), over `[N]`.
+    """PPO's policy loss -mean(min(r A, clip(r, 1 - eps, 1 + eps) A)), r = exp(log pi - log pi_old),
+    over `[N]`.
 
     Returns `(loss, {"ppo/approx_kl", "ppo/clip_fraction"})`: the k3 estimator of KL(old || new),
     mean((r - 1) - log r), and mean(|r - 1| > eps).
@@ -276,7 +275,8 @@ def make_trainer(config: Config) -> run.Trainer:
         )
 
     def env_step(state: RunnerState, _):
-        """One step of the B environments; the network sees observations normalized by state.obs_stats."""
+        """One step of the B environments; the network sees observations normalized by
+        state.obs_stats."""
         key, act_key, step_key = jax.random.split(state.key, 3)
         inputs, value = net(
             state.params, envs.normalize_obs(state.obs_stats, state.obs), dist, config.activation
@@ -310,8 +310,9 @@ def make_trainer(config: Config) -> run.Trainer:
         state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
-        # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations from V(final_obs), on the
-        # rewards divided by the running std of the discounted return (unless --no-normalize-reward).
+        # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations from V(final_obs),
+        # on the rewards divided by the running std of the discounted return (unless
+        # --no-normalize-reward).
         final_obs = envs.normalize_obs(state.obs_stats, traj.final_obs)
         _, next_values = jax.vmap(net, (None, 0, None, None))(
             state.params, final_obs, dist, config.activation
@@ -340,8 +341,11 @@ def make_trainer(config: Config) -> run.Trainer:
         collected = rollout(state)  # COLLECT and ADVANTAGES
         state, traj = collected.state, collected.traj
 
-        # UPDATE: update_epochs passes of num_minibatches Adam steps; gradients averaged over devices.
-        flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+        # UPDATE: update_epochs passes of num_minibatches Adam steps; gradients averaged over
+        # devices.
+        def flat(x):  # [T, B, ...] -> [T*B, ...]
+            return x.reshape((layout.rollout_size,) + x.shape[2:])
+
         obs = envs.normalize_obs(state.obs_stats, traj.obs)  # what the networks saw
         batch = jax.tree.map(
             flat,
@@ -370,13 +374,13 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
-        # the mean greedy action: a discrete policy's mean most probable action (Box: the mean of its mode)
+        # the mean greedy action: a discrete policy's mean most probable action (Box: the mean of
+        # its mode)
         metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         targets = collected.targets
-        metrics.update(
-            residual_metrics(targets - traj.value, targets)
-        )  # R - V over every device's batch
+        # R - V over every device's batch
+        metrics.update(residual_metrics(targets - traj.value, targets))
         metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
         # --normalize-obs: this epoch's observations, every device's, join the statistics
         obs_stats = (

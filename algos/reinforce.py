@@ -57,13 +57,13 @@ class Config(cli.RunConfig):
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
     normalize_obs: bool = False
-    """normalize observations by their running mean and variance (kept in the runner state, merged over
-    devices, per seed, saved in checkpoints), clipped to +-10"""
+    """normalize observations by their running mean and variance (kept in the runner state, merged
+    over devices, per seed, saved in checkpoints), clipped to +-10"""
     normalize_reward: bool = (
         False  # on: CartPole-v1 at 150k steps 236 (off 278), Acrobot-v1's worst seed -120 (-87)
     )
-    """divide the rewards the returns are summed from by a running std of the discounted return where above 1
-    (kept like --normalize-obs)"""
+    """divide the rewards the returns are summed from by a running std of the discounted return
+    where above 1 (kept like --normalize-obs)"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -104,12 +104,10 @@ class RunnerState(NamedTuple):
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
-    obs_stats: (
-        envs.ObsStats | None
-    )  # --normalize-obs: what the network normalizes with; None (no arrays) off
-    reward_stats: (
-        envs.RewardStats | None
-    )  # --normalize-reward: the discounted returns' statistics; off: None
+    # --normalize-obs: what the network normalizes with; None (no arrays) off
+    obs_stats: envs.ObsStats | None
+    # --normalize-reward: the discounted returns' statistics; off: None
+    reward_stats: envs.RewardStats | None
     key: jax.Array  # differs per device
 
 
@@ -123,8 +121,8 @@ class Transition(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """An epoch before its update: the runner after T steps (its obs_stats: what the network saw) and what the
-    update trains on."""
+    """An epoch before its update: the runner after T steps (its obs_stats: what the network saw)
+    and what the update trains on."""
 
     runner: RunnerState
     traj: Transition  # [T, B, ...] as collected (raw observations)
@@ -164,7 +162,8 @@ def discounted_returns(rewards, dones, gamma: float):
 
 
 def returns_weights(returns, baseline: bool):
-    """`(G - b, mean G)`: b = mean G over this epoch's rollout on every device with `baseline`, else 0."""
+    """`(G - b, mean G)`: b = mean G over this epoch's rollout on every device with `baseline`, else
+    0."""
     chex.assert_rank(returns, 2)
     return_mean = jax.lax.pmean(jnp.mean(returns), devices.DEVICE_AXIS)
     return (returns - return_mean if baseline else returns), return_mean
@@ -193,8 +192,8 @@ def make_trainer(config: Config) -> run.Trainer:
     layout = devices.layout(config)
     cli.require(
         config.batch_size % layout.n_devices == 0 and config.batch_size <= layout.steps_per_epoch,
-        f"--batch-size {config.batch_size}: use a multiple of --n-devices {layout.n_devices} of at most "
-        f"{config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}",
+        f"--batch-size {config.batch_size}: use a multiple of --n-devices {layout.n_devices} of at "
+        f"most {config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}",
     )
     envs_per_device, batch_per_device = (
         layout.envs_per_device,
@@ -234,8 +233,9 @@ def make_trainer(config: Config) -> run.Trainer:
         )
 
     def rollout(runner: RunnerState) -> Rollout:
-        # COLLECT: T steps of B environments under the current policy (--normalize-obs: the network sees
-        # observations normalized with the statistics of earlier epochs; off, normalize_obs is the identity).
+        # COLLECT: T steps of B environments under the current policy (--normalize-obs: the network
+        # sees observations normalized with the statistics of earlier epochs; off, normalize_obs is
+        # the identity).
         def env_step(runner: RunnerState, _):
             key, act_key, step_key = jax.random.split(runner.key, 3)
             inputs = net(
@@ -268,7 +268,8 @@ def make_trainer(config: Config) -> run.Trainer:
         runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
 
-        # TARGETS: returns to the episode's end in the rollout (of rewards / --normalize-reward), minus the baseline.
+        # TARGETS: returns to the episode's end in the rollout (of rewards / --normalize-reward),
+        # minus the baseline.
         runner = runner._replace(
             reward_stats=envs.update_reward_stats(
                 runner.reward_stats, traj.reward, traj.done, config.gamma
@@ -285,8 +286,11 @@ def make_trainer(config: Config) -> run.Trainer:
         collected = rollout(runner)
         runner, traj = collected.runner, collected.traj
 
-        # UPDATE: train_steps Adam steps on random batches of the rollout; gradients averaged over devices.
-        flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+        # UPDATE: train_steps Adam steps on random batches of the rollout; gradients averaged over
+        # devices.
+        def flat(x):  # [T, B, ...] -> [T*B, ...]
+            return x.reshape((layout.rollout_size,) + x.shape[2:])
+
         batch = jax.tree.map(
             flat,
             Batch(
@@ -315,8 +319,9 @@ def make_trainer(config: Config) -> run.Trainer:
             train_step, runner, jax.random.split(step_key, config.train_steps)
         )
 
-        # METRICS: scalar means, identical on every device. policy/preferred_move is the mean greedy action of a
-        # discrete policy: the mean index of its most probable action over the rollout (Box: of its mean action).
+        # METRICS: scalar means, identical on every device. policy/preferred_move is the mean greedy
+        # action of a discrete policy: the mean index of its most probable action over the rollout
+        # (Box: of its mean action).
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
         metrics.update(
             {
@@ -326,7 +331,8 @@ def make_trainer(config: Config) -> run.Trainer:
         )
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
-        # this epoch's observations, every device's, join the statistics (--normalize-obs off: None stays None)
+        # this epoch's observations, every device's, join the statistics (--normalize-obs off: None
+        # stays None)
         return runner._replace(
             obs_stats=envs.update_obs_stats(runner.obs_stats, traj.obs), key=key
         ), metrics

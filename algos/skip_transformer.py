@@ -1,14 +1,13 @@
 """A causal Transformer policy trained with PPO and LayerDrop (layer skipping).
 
-Trax's `SkippingTransformerLM` + `SkippingSerial` (Fan et al. 2019, "Reducing
-Transformer Depth on Demand with Structured Dropout", arXiv:1909.11556) as an
-actor-critic: pre-norm Transformer blocks read the last `--context-len`
-observations of each environment; policy and value heads read the newest
-position. Each gradient step runs a random number of blocks (common/skipping.py;
-one depth for every device and seed, so skipped blocks really do not run), and
-a shallower net still acts at inference: the run ends with the greedy return
-at every depth. Trained with the PPO joint loss; one epoch -- vectorized gymnax
-rollout, GAE, PPO updates -- is one compiled function. CartPoleNoVel-v1 (the default) hides the velocities.
+Trax's `SkippingTransformerLM` + `SkippingSerial` (Fan et al. 2019, "Reducing Transformer Depth on
+Demand with Structured Dropout", arXiv:1909.11556) as an actor-critic: pre-norm Transformer blocks
+read the last `--context-len` observations of each environment; policy and value heads read the
+newest position. Each gradient step runs a random number of blocks (common/skipping.py; one depth
+for every device and seed, so skipped blocks really do not run), and a shallower net still acts at
+inference: the run ends with the greedy return at every depth. Trained with the PPO joint loss; one
+epoch -- vectorized gymnax rollout, GAE, PPO updates -- is one compiled function. CartPoleNoVel-v1
+(the default) hides the velocities.
 
     python algos/skip_transformer.py                            # CartPoleNoVel-v1
     python algos/skip_transformer.py --env MemoryChain-bsuite --skip-fraction 0.5
@@ -39,15 +38,15 @@ from common.metrics import residual_metrics  # noqa: E402
 @dataclasses.dataclass(frozen=True)
 class Config(cli.RunConfig):
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
-    STATIC_FLOATS = (
-        "skip_fraction",
-    )  # one depth drawn for every run of the program (skipping.first_copy)
+    # one depth drawn for every run of the program (skipping.first_copy)
+    STATIC_FLOATS = ("skip_fraction",)
     env: str = "CartPoleNoVel-v1"
     """gymnax environment id, or CartPoleNoVel-v1: CartPole-v1 with its velocities hidden"""
     total_steps: int = 200_000
     """environment steps to train for (per seed)"""
     torso: Literal["mlp"] = "mlp"
-    """each observation of the window enters through one dense embedding (no convolution is built for it)"""
+    """each observation of the window enters through one dense embedding (no convolution is built
+    for it)"""
     num_envs: int = 8
     """parallel environments (split over devices)"""
     num_steps: int = 128
@@ -77,7 +76,8 @@ class Config(cli.RunConfig):
     context_len: int = (
         8  # 4: MemoryChain-bsuite (its cue 5 steps back) 0.02 for 8 seeds at 150k steps; 8: 1.0
     )
-    """observations the Transformer sees: the newest and up to context_len - 1 before it (same episode)"""
+    """observations the Transformer sees: the newest and up to context_len - 1 before it (same
+    episode)"""
     d_model: int = 16
     """width of the Transformer"""
     n_heads: int = 2
@@ -87,17 +87,20 @@ class Config(cli.RunConfig):
     n_layers: int = 2
     """Transformer blocks (the layers that can be skipped)"""
     skip_fraction: float = 0.4
-    """LayerDrop: after warmup block i runs with probability 1 - i * skip_fraction / n_layers (0: never skip)"""
+    """LayerDrop: after warmup block i runs with probability 1 - i * skip_fraction / n_layers (0:
+    never skip)"""
     skip_warmup_steps: int = 1000
     """gradient steps over which skipping ramps up from none to skip_fraction"""
     eval_depth: int = 0
     """blocks run by the greedy evaluation (depth pruning; 0: all)"""
     normalize_obs: bool = False
-    """normalize observations by their running mean and variance, feature by feature (kept in the runner
-    state, merged over devices, per seed, saved in checkpoints), clipped to +-10; empty window rows stay 0"""
+    """normalize observations by their running mean and variance, feature by feature (kept in the
+    runner state, merged over devices, per seed, saved in checkpoints), clipped to +-10; empty
+    window rows stay 0"""
     no_normalize_reward: bool = False
-    """use the raw rewards; by default the learner's are divided by a running std of the discounted return where
-    above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward scale"""
+    """use the raw rewards; by default the learner's are divided by a running std of the discounted
+    return where above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward
+    scale"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -127,7 +130,8 @@ class Config(cli.RunConfig):
         cli.require_non_negative(self, "vf_coef", "ent_coef")
         cli.require(
             self.d_model % self.n_heads == 0,
-            f"--d-model {self.d_model} is not divisible by --n-heads {self.n_heads}; use a multiple",
+            f"--d-model {self.d_model} is not divisible by --n-heads {self.n_heads}; use a "
+            "multiple",
         )
         cli.require(
             0 <= self.skip_fraction < 1,
@@ -147,7 +151,8 @@ class Config(cli.RunConfig):
 # Network: plain functions over a parameter pytree (observations: envs.ContextWindow's windows)
 # ----------------------------------------------------------------------------
 def scaled_normal_init(key, n_in: int, n_out: int, scale: float) -> dict:
-    """A dense layer: normal weights of std scale / sqrt(n_in) (not `nets.dense_init`'s orthogonal ones), zero bias."""
+    """A dense layer: normal weights of std scale / sqrt(n_in) (not `nets.dense_init`'s orthogonal
+    ones), zero bias."""
     w = jax.random.normal(key, (n_in, n_out), jnp.float32) * scale / np.sqrt(n_in)
     return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
 
@@ -212,14 +217,18 @@ def torso(
     rng=None,
     eval_depth=None,
 ):
-    """Windows `[N, L, F + 1]` -> (features `[N, L, D]`; position q attends to k <= q of its episode, step + 1)."""
+    """Windows `[N, L, F + 1]` -> (features `[N, L, D]`; position q attends to k <= q of its
+    episode, step + 1)."""
     chex.assert_rank(windows, 3)
     obs, valid = windows[..., :-1], windows[..., -1] > 0
     length = windows.shape[1]
     causal = jnp.tril(jnp.ones((length, length), bool))
     mask = causal & (valid[:, None, :] | jnp.eye(length, dtype=bool))  # [N, L(query), L(key)]
     x = obs @ params["embed"]["w"] + params["embed"]["b"] + params["position"]
-    layer = lambda p, x: block(p, x, mask, config.n_heads)  # noqa: E731
+
+    def layer(p, x):
+        return block(p, x, mask, config.n_heads)
+
     return skipping.skipping_serial(
         [layer] * len(params["blocks"]),
         params["blocks"],
@@ -251,7 +260,8 @@ def network(
 
 
 def greedy_action(policy: envs.Policy, window: jax.Array, dist, config: Config, eval_depth=None):
-    """The policy's mode on ONE window `[L, F + 1]`, normalized by `policy.obs_stats`, running `eval_depth` blocks."""
+    """The policy's mode on ONE window `[L, F + 1]`, normalized by `policy.obs_stats`, running
+    `eval_depth` blocks."""
     window = envs.normalize_window(policy.obs_stats, window)
     inputs = network(policy.params, window[None], dist, config, "eval", eval_depth=eval_depth)[0][0]
     return dist.clip_action(dist.mode(inputs))
@@ -267,9 +277,8 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, L, F + 1] context windows
     episode_stats: envs.EpisodeStats
     obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the observations (None: off)
-    reward_stats: (
-        envs.RewardStats | None
-    )  # the discounted returns' statistics; --no-normalize-reward: None
+    # the discounted returns' statistics; --no-normalize-reward: None
+    reward_stats: envs.RewardStats | None
     skip_step: jax.Array  # [] gradient steps so far: drives the skip warmup
     depth_key: jax.Array  # the same on every device; seed 0's draws serve every seed
     key: jax.Array  # differs per device
@@ -280,18 +289,16 @@ class Transition(NamedTuple):  # the windows, what the policy did, what the envi
     final_obs: jax.Array  # window at s_{t+1} before any reset (bootstraps truncated episodes)
     action: jax.Array  # a_t ~ pi_old(. | s_t)
     log_prob: jax.Array  # log pi_old(a_t | s_t)
-    greedy_action: (
-        jax.Array
-    )  # mode of pi_old(. | s_t): policy/preferred_move is its mean (discrete actions)
+    # mode of pi_old(. | s_t): policy/preferred_move is its mean (discrete actions)
+    greedy_action: jax.Array
     value: jax.Array  # V(s_t)
     reward: jax.Array
     terminated: jax.Array  # no future: discount_t = 0
     done: jax.Array  # terminated or truncated: the GAE trace stops
 
 
-class Rollout(
-    NamedTuple
-):  # an epoch before its update: the runner after T steps and what the update trains on
+# an epoch before its update: the runner after T steps and what the update trains on
+class Rollout(NamedTuple):
     runner: RunnerState
     traj: Transition  # [T, B, ...] as collected (raw windows)
     advantages: jax.Array  # [T, B]
@@ -330,7 +337,8 @@ def gae(rewards, values, next_values, terminated, dones, gamma: float, lam: floa
 
 
 def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
-    """Clipped surrogate + c_v * value L2 - c_ent * entropy on a random depth; aux (metrics, step + 1)."""
+    """Clipped surrogate + c_v * value L2 - c_ent * entropy on a random depth; aux (metrics, step +
+    1)."""
     chex.assert_rank(batch.obs, 3)
     inputs, values, step = network(params, batch.obs, dist, config, "train", step, rng)
     log_prob = dist.log_prob(inputs, batch.action)
@@ -386,7 +394,9 @@ def make_trainer(config: Config) -> run.Trainer:
         else optax.clip_by_global_norm(config.max_grad_norm)
     )
     tx = optax.chain(clip, optax.adam(lr, eps=1e-5))
-    flat = lambda x: x.reshape((layout.rollout_size,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+
+    def flat(x):  # [T, B, ...] -> [T*B, ...]
+        return x.reshape((layout.rollout_size,) + x.shape[2:])
 
     def init(key) -> RunnerState:
         param_key, depth_key, env_key = jax.random.split(key, 3)  # same on every device
@@ -408,9 +418,8 @@ def make_trainer(config: Config) -> run.Trainer:
         )
 
     def rollout(runner: RunnerState) -> Rollout:
-        norm = functools.partial(
-            envs.normalize_window, runner.obs_stats
-        )  # statistics of earlier epochs (None: as is)
+        # statistics of earlier epochs (None: as is)
+        norm = functools.partial(envs.normalize_window, runner.obs_stats)
 
         # COLLECT: T steps of B environments; every block runs (as Trax's collect mode).
         def env_step(runner: RunnerState, _):
@@ -445,7 +454,8 @@ def make_trainer(config: Config) -> run.Trainer:
         runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
 
-        # ADVANTAGES: GAE on rewards / their return std, truncations bootstrapping from the final window.
+        # ADVANTAGES: GAE on rewards / their return std, truncations bootstrapping from the final
+        # window.
         next_values = network(runner.params, flat(norm(traj.final_obs)), dist, config)[1].reshape(
             traj.value.shape
         )
@@ -479,9 +489,10 @@ def make_trainer(config: Config) -> run.Trainer:
             ),
         )
 
-        # UPDATE: update_epochs passes of num_minibatches Adam steps, each running ONE random depth drawn from
-        # depth_key: the same key on every device, and the first seed's draw serves every seed (skipping.first_copy),
-        # so the lax.cond predicate is unbatched and skipped blocks do not run. Gradients averaged over devices.
+        # UPDATE: update_epochs passes of num_minibatches Adam steps, each running ONE random depth
+        # drawn from depth_key: the same key on every device, and the first seed's draw serves every
+        # seed (skipping.first_copy), so the lax.cond predicate is unbatched and skipped blocks do
+        # not run. Gradients averaged over devices.
         def minibatch_step(carry, minibatch: Batch):
             params, opt_state, step = carry
             rng = jax.random.fold_in(runner.depth_key, step)
@@ -514,16 +525,15 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
-        metrics["policy/preferred_move"] = jnp.mean(
-            traj.greedy_action
-        )  # the mean greedy action (discrete actions)
+        # the mean greedy action (discrete actions)
+        metrics["policy/preferred_move"] = jnp.mean(traj.greedy_action)
         metrics["skip/warmup"] = skipping.warmup_factor(skip_step, config.skip_warmup_steps)
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
-        metrics.update(
-            residual_metrics(targets - traj.value, targets)
-        )  # R - V over every device's batch
+        # R - V over every device's batch
+        metrics.update(residual_metrics(targets - traj.value, targets))
         metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
-        # --normalize-obs: this epoch's observations (each window's newest), every device's, join the statistics
+        # --normalize-obs: this epoch's observations (each window's newest), every device's, join
+        # the statistics
         obs_stats = envs.update_obs_stats(runner.obs_stats, traj.obs[:, :, -1, :-1])
         return runner._replace(
             params=params, opt_state=opt_state, obs_stats=obs_stats, skip_step=skip_step, key=key
@@ -552,26 +562,29 @@ def make_trainer(config: Config) -> run.Trainer:
 def evaluate_depths(config: Config, run_dir: Path) -> dict:
     """Greedy return of the run's last checkpoint running the first 1, 2, ..., n_layers blocks.
 
-    The program and episodes of run.train's final evaluation, one per depth (full depth: the same numbers).
-    """
+    The program and episodes of run.train's final evaluation, one per depth (full depth: the same
+    numbers)."""
     _, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
-    n_devices *= (
-        jax.process_count()
-    )  # the checkpoint holds every host's devices, as run.train splits the run
+    # the checkpoint holds every host's devices, as run.train splits the run
+    n_devices *= jax.process_count()
     init_key, eval_key = jax.random.split(rng)
     trainer, keys, values = sweep.build(
         dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices, init_key
     )
     template = jax.eval_shape(devices.map_init(trainer.init), keys, values)
     state, epoch = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), template)
+    # [runs, ...]
     policy, key = (
         trainer.policy(devices.unreplicate(state)),
         jax.random.fold_in(eval_key, epoch),
-    )  # [runs, ...]
+    )
     dist = make_distribution(trainer.env.action_space(trainer.env_params))
     returns = {}
     for depth in range(1, config.n_layers + 1):
-        act = lambda p, obs, key, depth=depth: greedy_action(p, obs, dist, config, depth)  # noqa: E731
+
+        def act(p, obs, key, depth=depth):
+            return greedy_action(p, obs, dist, config, depth)
+
         seeds = jax.vmap(
             lambda p, k: envs.evaluate(
                 trainer.env, trainer.env_params, act, p, k, config.eval_episodes
@@ -593,17 +606,16 @@ def main(argv=None) -> dict:
     unskipped = skipping.steps_without_skipping(config.n_layers, config.skip_warmup_steps)
     if config.skip_fraction and grad_steps <= unskipped:  # the same run for every --skip-fraction
         print(
-            f"warning: --skip-fraction {config.skip_fraction} changes nothing in this run: its {grad_steps} gradient "
-            f"steps all come before step {unskipped} (--skip-warmup-steps / --n-layers), and until then the warmup "
-            f"runs every block; train for at least "
-            f"{(unskipped // per_epoch + 1) * config.num_envs * config.num_steps:,} environment steps, or lower "
-            f"--skip-warmup-steps",
+            f"warning: --skip-fraction {config.skip_fraction} changes nothing in this run: its "
+            f"{grad_steps} gradient steps all come before step {unskipped} (--skip-warmup-steps / "
+            "--n-layers), and until then the warmup runs every block; train for at least "
+            f"{(unskipped // per_epoch + 1) * config.num_envs * config.num_steps:,} environment "
+            "steps, or lower --skip-warmup-steps",
             file=sys.stderr,
         )
     run_dir, summary = run.launch(config, make_trainer, "skip_transformer")
-    if (
-        jax.process_index() != 0
-    ):  # several hosts: the chief evaluates the depths (programs of one device)
+    # several hosts: the chief evaluates the depths (programs of one device)
+    if jax.process_index() != 0:
         return summary
     summary.update(evaluate_depths(config, run_dir))
     print(

@@ -1,4 +1,5 @@
-"""Checkpoints: the whole runner state in `checkpoints/epoch_NNNNNN.npz`, and a saved run's greedy policy.
+"""Checkpoints: the whole runner state in `checkpoints/epoch_NNNNNN.npz`, and a saved run's greedy
+policy.
 
 A checkpoint holds every leaf of the state (params, optimiser, environments,
 keys, observation statistics) as a NumPy array `leaf_NNNNN`, and `meta`: the
@@ -44,9 +45,8 @@ def save(directory: Path, state, epoch: int, keep: int = cli.RunConfig.keep_chec
     tmp = directory / f".tmp_{epoch:06d}.npz"
     try:
         with open(tmp, "wb") as fh:
-            np.savez_compressed(
-                fh, **arrays
-            )  # MinAtar's replay of sparse 0/1 observations: ~70x smaller
+            # MinAtar's replay of sparse 0/1 observations: ~70x smaller
+            np.savez_compressed(fh, **arrays)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -67,16 +67,17 @@ def non_finite(state) -> list[str]:
     ]
 
 
-# A policy parameter larger than this in magnitude marks a run that diverged before its values became inf or
-# NaN: a checkpoint with such parameters is finite but not a state worth resuming from (initializations and
-# trained networks stay many orders of magnitude below it).
+# A policy parameter larger than this in magnitude marks a run that diverged before its values
+# became inf or NaN: a checkpoint with such parameters is finite but not a state worth resuming from
+# (initializations and trained networks stay many orders of magnitude below it).
 DIVERGED_PARAMETER = 1e6
 
 
 def divergence_advice(
     config, saved: Path | None, run_dir: Path, largest_parameter: float = 0.0
 ) -> str:
-    """What to do after a divergence: --resume with a lower learning rate, or without a good checkpoint a new run.
+    """What to do after a divergence: --resume with a lower learning rate, or without a good
+    checkpoint a new run.
 
     `largest_parameter` is the largest magnitude among the policy's parameters in `saved`.
     """
@@ -86,18 +87,22 @@ def divergence_advice(
         if "lr" in k.split("_")
     )
     if saved is None:
-        return f"No checkpoint was saved: start a new run with a lower learning rate ({lower}) or a --max-grad-norm."
+        return (
+            f"No checkpoint was saved: start a new run with a lower learning rate ({lower}) or a "
+            "--max-grad-norm."
+        )
     if largest_parameter > DIVERGED_PARAMETER:
         return (
             f"The newest checkpoint, {saved}, is finite but its policy's parameters reach "
-            f"{largest_parameter:.3g}: it had diverged already. Start a new run with a lower learning rate "
-            f"({lower}) or a --max-grad-norm: --out-dir {run_dir} --overwrite, or another --out-dir."
+            f"{largest_parameter:.3g}: it had diverged already. Start a new run with a lower "
+            f"learning rate ({lower}) or a --max-grad-norm: --out-dir {run_dir} --overwrite, or "
+            "another --out-dir."
         )
     floats = ", ".join(map(cli.flag_name, cli.float_flags(type(config))))
     return (
-        f"Last good checkpoint: {saved}. Continue from it with a lower learning rate: --resume {run_dir} {lower} "
-        f"(--resume takes the float flags: {floats}, and records the change in {run_dir / 'changes.jsonl'}); "
-        f"or start a new run."
+        f"Last good checkpoint: {saved}. Continue from it with a lower learning rate: --resume "
+        f"{run_dir} {lower} (--resume takes the float flags: {floats}, and records the change in "
+        f"{run_dir / 'changes.jsonl'}); or start a new run."
     )
 
 
@@ -113,18 +118,21 @@ class Corrupt(cli.ConfigError):
 
 def load(path: Path, template):
     """`(state, epoch)` from `path`, checked leaf by leaf against `template` (shapes/dtypes)."""
-    fix = "resume with the run's own flags (they are read from its config.json) or start a new --out-dir"
+    fix = (
+        "resume with the run's own flags (they are read from its config.json) or start a new "
+        "--out-dir"
+    )
     meta, leaves = _read(path, leaves=True)
     want, treedef = jax.tree.flatten(template)
-    if (
-        len(want) != len(leaves) or str(treedef) != meta["treedef"]
-    ):  # e.g. obs_stats beside the state, not in it
+    # e.g. obs_stats beside the state, not in it
+    if len(want) != len(leaves) or str(treedef) != meta["treedef"]:
         raise cli.ConfigError(
             f"checkpoint {path} holds a different state structure than this script builds: it "
             f"was written by an older layout of this script's state (or with other flags, or by "
             f"another script); start a new run (another --out-dir), or use the commit that wrote it"
         )
-    # Every leaf is [devices, ...]; other axes may differ too (the environments are split over the devices).
+    # Every leaf is [devices, ...]; other axes may differ too (the environments are split over the
+    # devices).
     saved_rows, want_rows = {got.shape[0] for got in leaves}, {w.shape[0] for w in want}
     if len(saved_rows) == 1 and len(want_rows) == 1 and saved_rows != want_rows:
         [saved], [wanted] = saved_rows, want_rows
@@ -157,7 +165,8 @@ def _read(path: Path, leaves: bool):
 
 
 def load_newest(directory: Path, template):
-    """`(state, epoch)` from the newest readable checkpoint in `directory`, saying which ones it skips."""
+    """`(state, epoch)` from the newest readable checkpoint in `directory`, saying which ones it
+    skips."""
     found = sorted(directory.glob("epoch_*.npz"), reverse=True)
     cli.require(bool(found), f"no checkpoint in {directory}")
     for path in found:
@@ -171,7 +180,8 @@ def load_newest(directory: Path, template):
 
 
 def resume(run_dir: Path, template, hosts: int):
-    """`(epoch, state)` for --resume: the run's newest readable checkpoint, this host's part (`template`'s shapes).
+    """`(epoch, state)` for --resume: the run's newest readable checkpoint, this host's part
+    (`template`'s shapes).
 
     The checkpoint holds every host's devices: `hosts` times the rows of `template`.
     """
@@ -180,8 +190,8 @@ def resume(run_dir: Path, template, hosts: int):
     )
     cli.require(
         latest(run_dir / "checkpoints") is not None,
-        f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}, the run stopped before its first; "
-        f"start it again with its flags and --out-dir {run_dir} --overwrite",
+        f"--resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'}, the run stopped before "
+        f"its first; start it again with its flags and --out-dir {run_dir} --overwrite",
     )
     try:
         state, epoch = load_newest(run_dir / "checkpoints", whole)
@@ -196,11 +206,12 @@ def resume(run_dir: Path, template, hosts: int):
 def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = None) -> Callable:
     """The greedy policy of a saved run: `act(obs, key=None) -> action`.
 
-    `obs` is one observation of the environment, or a batch `[N, *obs_shape]`, as gymnax returns it (a
-    Discrete observation as its index: `act` encodes it as training did); the action keeps the batch axis. A run of several seeds (`--num-seeds`) gives actions of every seed,
-    `[num_seeds, ...]` (with `--sweep`, member-major: `[members * num_seeds, ...]`),
-    unless `seed` picks one. A policy that reads a window of past observations
-    (skip_transformer) gives a `WindowAgent`, `act(obs, key=None, first=False)`.
+    `obs` is one observation of the environment, or a batch `[N, *obs_shape]`, as gymnax returns it
+    (a Discrete observation as its index: `act` encodes it as training did); the action keeps the
+    batch axis. A run of several seeds (`--num-seeds`) gives actions of every seed, `[num_seeds,
+    ...]` (with `--sweep`, member-major: `[members * num_seeds, ...]`), unless `seed` picks one. A
+    policy that reads a window of past observations (skip_transformer) gives a `WindowAgent`,
+    `act(obs, key=None, first=False)`.
 
         act = checkpoints.load_agent("runs/awr-...", awr.Config, awr.make_trainer)
     """
@@ -208,9 +219,8 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
     config = cli.load_config(config_cls, run_dir)
     ckpt = latest(run_dir / "checkpoints")
     cli.require(ckpt is not None, f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
-    n_devices = _read(ckpt, leaves=False)[0]["leaves"][0][0][
-        0
-    ]  # the state's leading axis: the run's devices
+    # the state's leading axis: the run's devices
+    n_devices = _read(ckpt, leaves=False)[0]["leaves"][0][0][0]
     trainer, keys, values = sweep.build(
         dataclasses.replace(config, n_devices=n_devices),
         make_trainer,
@@ -225,9 +235,8 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
             0 <= (seed or 0) < runs, f"seed={seed}: the run has {runs} seed(s) (x sweep members)"
         )
         params = jax.tree.map(lambda x: x[seed or 0], params)
-    windowed = hasattr(
-        trainer.env, "window_shape"
-    )  # the env's observations are windows (see Trainer): act reads those
+    # the env's observations are windows (see Trainer): act reads those
+    windowed = hasattr(trainer.env, "window_shape")
     obs_ndim = len(
         trainer.env.window_shape
         if windowed
@@ -236,16 +245,17 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
 
     @jax.jit
     def greedy(obs, key):
-        act = lambda p, o: trainer.act(p, o, key)  # noqa: E731
+        def act(p, o):
+            return trainer.act(p, o, key)
+
         if obs.ndim > obs_ndim:  # a batch
             act = jax.vmap(act, (None, 0))
         if seed is None and runs > 1:
             act = jax.vmap(act, (0, None))
         return act(params, obs)
 
-    encode = getattr(
-        trainer.env, "encode", lambda obs: obs
-    )  # the environment's own observations, as trained on
+    # the environment's own observations, as trained on
+    encode = getattr(trainer.env, "encode", lambda obs: obs)
 
     def act(obs, key=None):
         return greedy(encode(jnp.asarray(obs)), jax.random.PRNGKey(0) if key is None else key)
@@ -254,7 +264,8 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
 
 
 class WindowAgent:
-    """`load_agent`'s policy for a run whose policy reads a window of past observations (skip_transformer).
+    """`load_agent`'s policy for a run whose policy reads a window of past observations
+    (skip_transformer).
 
         agent = checkpoints.load_agent("runs/skip_transformer-...", skip_transformer.Config,
                                        skip_transformer.make_trainer)

@@ -1,4 +1,5 @@
-"""Config and CLI: the flags every script shares, argparse generated from a frozen dataclass, --resume's config.
+"""Config and CLI: the flags every script shares, argparse generated from a frozen dataclass,
+--resume's config.
 
 A script's `Config` subclasses `RunConfig`; each field's docstring is its
 `--help` line, its name the flag (`n_samples` is `--n-samples`), and its
@@ -31,14 +32,17 @@ from typing import Callable
 class RunConfig:
     """Flags every script shares. Scripts subclass it with their own fields."""
 
-    SWITCHES = ()  # float flags whose 0 switches a term off: a constant of the programs at 0, else an input
-    STATIC_FLOATS = ()  # float flags that are always constants of the programs (a change compiles them anew)
-    # flags added after runs were written, with the value such a run had in effect: `load_config` fills them in
+    # float flags whose 0 switches a term off: a constant of the programs at 0, else an input
+    SWITCHES = ()
+    # float flags that are always constants of the programs (a change compiles them anew)
+    STATIC_FLOATS = ()
+    # flags added after runs were written, with the value such a run had in effect: `load_config`
+    # fills them in
     LEGACY = {"no_normalize_reward": True, "torso": "mlp"}
 
     env: str = "CartPole-v1"
-    """gymnax environment id, or package.module:name of your own (a gymnax Environment class, or a function
-    returning (env, env_params))"""
+    """gymnax environment id, or package.module:name of your own (a gymnax Environment class, or a
+    function returning (env, env_params))"""
     seed: int = 0
     """random seed (runs with the same seed and flags are identical)"""
     num_seeds: int = 1
@@ -48,26 +52,29 @@ class RunConfig:
     total_steps: int = 500_000
     """environment steps to train for (per seed)"""
     torso: typing.Literal["auto", "mlp", "conv"] = "auto"
-    """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers (image
-    observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for images, else mlp"""
+    """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers
+    (image observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for
+    images, else mlp"""
     eval_every: int = 50
     """greedy evaluation every this many epochs (0: only at the end)"""
     eval_episodes: int = 32
     """episodes per greedy evaluation"""
     target_return: float | None = None
-    """end the run at the first evaluation (--eval-every) where every seed's greedy return reaches this, with a
-    checkpoint; the summary records its epoch, env steps and seconds (unset: train for --total-steps)"""
+    """end the run at the first evaluation (--eval-every) where every seed's greedy return reaches
+    this, with a checkpoint; the summary records its epoch, env steps and seconds (unset: train for
+    --total-steps)"""
     checkpoint_every: int = 50
     """save a checkpoint every this many epochs (and at the end, and on Ctrl-C or SIGTERM)"""
     keep_checkpoints: int = 3
-    """checkpoints kept, the newest (--resume falls back to an older one when the newest is unreadable)"""
+    """checkpoints kept, the newest (--resume falls back to an older one when the newest is
+    unreadable)"""
     out_dir: str = ""
     """run directory; empty: runs/SCRIPT-ENV-seedSEED-TIME"""
     resume: str = ""
     """run directory to continue from its last checkpoint, with its config.json; empty: a new run"""
     overwrite: bool = False
-    """start a new run in an --out-dir that holds one, deleting that run's files (config.json, metrics,
-    summary, changes, checkpoints/epoch_*.npz) and nothing else"""
+    """start a new run in an --out-dir that holds one, deleting that run's files (config.json,
+    metrics, summary, changes, checkpoints/epoch_*.npz) and nothing else"""
     eval_only: bool = False
     """with --resume: only evaluate the saved agent"""
     track: bool = False
@@ -77,16 +84,18 @@ class RunConfig:
     no_compile_cache: bool = False
     """do not use JAX's persistent compilation cache"""
     coordinator: str = ""
-    """multi-host: HOST:PORT of process 0, JAX's coordinator (empty: $JTRAX_COORDINATOR; neither: one process)"""
+    """multi-host: HOST:PORT of process 0, JAX's coordinator (empty: $JTRAX_COORDINATOR; neither:
+    one process)"""
     num_processes: int = 0
     """multi-host: number of processes, one per host (0: $JTRAX_NUM_PROCESSES)"""
     process_id: int = -1
-    """multi-host: this process in [0, num-processes); 0, the chief, alone writes (-1: $JTRAX_PROCESS_ID)"""
+    """multi-host: this process in [0, num-processes); 0, the chief, alone writes (-1:
+    $JTRAX_PROCESS_ID)"""
     coordinator_timeout: int = 120
     """multi-host: seconds to wait for the coordinator and for every process to join"""
     sweep: tuple[str, ...] = ()
-    """in-process sweep of float flags, NAME=V1,V2,... (e.g. --sweep lr=1e-3,3e-4 ent_coef=0,0.01: their grid);
-    each member trains --num-seeds seeds, all in one compiled program"""
+    """in-process sweep of float flags, NAME=V1,V2,... (e.g. --sweep lr=1e-3,3e-4 ent_coef=0,0.01:
+    their grid); each member trains --num-seeds seeds, all in one compiled program"""
 
     def __post_init__(self):
         for name, kind in typing.get_type_hints(type(self)).items():  # what JAX can compute with
@@ -110,8 +119,8 @@ class RunConfig:
         require(
             self.target_return is None
             or (math.isfinite(self.target_return) and self.eval_every > 0),
-            f"--target-return {self.target_return}: use a finite return, with --eval-every 1 or more (the "
-            f"evaluations that check it)",
+            f"--target-return {self.target_return}: use a finite return, with --eval-every 1 or "
+            "more (the evaluations that check it)",
         )
         require(
             self.checkpoint_every >= 1, f"--checkpoint-every {self.checkpoint_every}: use 1 or more"
@@ -129,9 +138,8 @@ class RunConfig:
             not (self.overwrite and self.resume),
             "--overwrite starts a new run; --resume continues one: give one of them",
         )
-        for member in (
-            sweep_members(self) if self.sweep else ()
-        ):  # every member's flags must be valid
+        # every member's flags must be valid
+        for member in sweep_members(self) if self.sweep else ():
             dataclasses.replace(self, sweep=(), **member)
 
 
@@ -190,9 +198,9 @@ RUN_CONTROL = (
 
 
 class ConfigError(ValueError):
-    """A flag value (or a combination, or a saved run's config.json) this project refuses; its message
-    says what to use instead. `main` prints it as one line; any other exception is a bug and shows its
-    traceback."""
+    """A flag value (or a combination, or a saved run's config.json) this project refuses; its
+    message says what to use instead. `main` prints it as one line; any other exception is a bug and
+    shows its traceback."""
 
 
 def require(ok: bool, message: str) -> None:
@@ -211,7 +219,8 @@ def require_non_negative(config, *names: str) -> None:
 
 
 def off(value) -> bool:
-    """Whether a `SWITCHES` flag's term is off: its value is 0 (a number; an input of the programs is never 0)."""
+    """Whether a `SWITCHES` flag's term is off: its value is 0 (a number; an input of the programs
+    is never 0)."""
     return isinstance(value, (int, float)) and value == 0
 
 
@@ -244,7 +253,8 @@ def _parse_bool(text: str) -> bool:
 
 
 def _list_of(item: type) -> Callable:
-    """Parses `64` or a list as Python prints it, `[64, 64]`, into a list of `item` (str: as given)."""
+    """Parses `64` or a list as Python prints it, `[64, 64]`, into a list of `item` (str: as
+    given)."""
 
     def parse(text: str) -> list:
         if item is str:
@@ -285,7 +295,8 @@ class _Concatenate(_Once):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, whose error is the one line that matters (not the usage block of every flag before it)."""
+    """argparse, whose error is the one line that matters (not the usage block of every flag before
+    it)."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
@@ -305,9 +316,8 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
             spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL", action=_Once)
         elif typing.get_origin(kind) is typing.Literal:
             spec = dict(choices=typing.get_args(kind), action=_Once)
-        elif (
-            typing.get_origin(kind) is tuple
-        ):  # `--hidden 64 64` or `--hidden=[64, 64]` (a wandb agent)
+        # `--hidden 64 64` or `--hidden=[64, 64]` (a wandb agent)
+        elif typing.get_origin(kind) is tuple:
             item = typing.get_args(kind)[0]
             spec = dict(
                 type=_list_of(item), nargs="+", action=_Concatenate, metavar=item.__name__.upper()
@@ -428,7 +438,8 @@ def load_config(cls, run_dir: Path):
 
 
 def _fits(kind, value) -> bool:
-    """Whether a JSON value is one of `kind`: bool, int, float (an int too), str, a Literal, tuple[X, ...], X | None."""
+    """Whether a JSON value is one of `kind`: bool, int, float (an int too), str, a Literal,
+    tuple[X, ...], X | None."""
     if typing.get_origin(kind) is types.UnionType:
         return any(_fits(k, value) for k in typing.get_args(kind))
     if typing.get_origin(kind) is typing.Literal:

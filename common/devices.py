@@ -40,7 +40,8 @@ ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = (
 def init_distributed(
     coordinator: str = "", num_processes: int = 0, process_id: int = -1, timeout_s: int = 120
 ) -> None:
-    """Joins a multi-host run with `jax.distributed.initialize`; call before anything touches a device.
+    """Joins a multi-host run with `jax.distributed.initialize`; call before anything touches a
+    device.
 
     Unset arguments (`""`, 0, -1) come from $JTRAX_COORDINATOR, $JTRAX_NUM_PROCESSES
     and $JTRAX_PROCESS_ID; no coordinator at all: one process, nothing to do.
@@ -77,8 +78,8 @@ def init_distributed(
     if timeout_s < 1:
         raise cli.ConfigError(f"--coordinator-timeout {timeout_s}: use 1 second or more")
     print(
-        f"process {process_id} of {num_processes}: joining {coordinator}; jax aborts this process if "
-        f"not every process has joined within {timeout_s} s",
+        f"process {process_id} of {num_processes}: joining {coordinator}; jax aborts this process "
+        f"if not every process has joined within {timeout_s} s",
         file=sys.stderr,
         flush=True,
     )
@@ -111,9 +112,9 @@ def _wait_for_port(host: str, port: int, coordinator: str, timeout_s: float) -> 
         except OSError as error:
             if time.monotonic() >= deadline:
                 raise SystemExit(
-                    f"error: no coordinator at {coordinator} after {timeout_s} s ({error}). Check that process 0 "
-                    f"runs with the same --coordinator, that {host} is its address as seen from this host, "
-                    f"and that port {port} is open between the hosts."
+                    f"error: no coordinator at {coordinator} after {timeout_s} s ({error}). Check "
+                    f"that process 0 runs with the same --coordinator, that {host} is its address "
+                    f"as seen from this host, and that port {port} is open between the hosts."
                 ) from None
             time.sleep(0.5)
 
@@ -151,9 +152,8 @@ def init_host_and_devices(n_devices: int | None = None, random_seed: int | None 
             if host_count == 1
             else int(multihost_utils.broadcast_one_to_all(np.int32(time.time() * 1000 % 2**31)))
         )
-    rng = jax.random.fold_in(
-        jax.random.PRNGKey(random_seed), 0
-    )  # 0: the chief's key, on every host
+    # 0: the chief's key, on every host
+    rng = jax.random.fold_in(jax.random.PRNGKey(random_seed), 0)
     return Host(is_chief=host_id == 0, n_devices=n_devices, rng=rng)
 
 
@@ -188,7 +188,8 @@ def device_key(key: jax.Array) -> jax.Array:
 
 
 def map_init(fn):
-    """Maps `fn(key, ...)` over `[n_devices, num_seeds]` keys (and values) on ONE device, ready to compile.
+    """Maps `fn(key, ...)` over `[n_devices, num_seeds]` keys (and values) on ONE device, ready to
+    compile.
 
     The device axis is a `vmap` carrying `DEVICE_AXIS` (so `device_key` works);
     the epoch's `pmap` then spreads the state over the devices. Initialise
@@ -257,7 +258,8 @@ class Layout(NamedTuple):
 
 
 def layout(config) -> Layout:
-    """How a config's `num_envs` environments, `num_steps` long, split over its devices, and for how many epochs.
+    """How a config's `num_envs` environments, `num_steps` long, split over its devices, and for how
+    many epochs.
 
     `config.n_devices` 0 means every local device; `--num-envs` must divide
     evenly and `--total-steps` must hold one epoch (`cli.ConfigError` otherwise).

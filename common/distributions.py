@@ -121,7 +121,8 @@ class DiagonalGaussian:
 
 
 def make_distribution(space, std: Std = "param"):
-    """The policy distribution for a gymnax action space (`std`: a Box's `--std`); a `cli.ConfigError` otherwise."""
+    """The policy distribution for a gymnax action space (`std`: a Box's `--std`); a
+    `cli.ConfigError` otherwise."""
     from gymnax.environments import spaces
 
     if isinstance(space, spaces.Discrete):

@@ -10,13 +10,12 @@ Partial observation: `make_env` also builds the ids of `PARTIALLY_OBSERVED`
 `ContextWindow` turns any environment's observations into a window of its last
 few (skip_transformer's input).
 
-`--normalize-obs` (the policy-gradient scripts): `ObsStats` holds the running
-mean and variance of the observations, `update_obs_stats` merges an epoch's
-observations into them (every device's: all devices hold the same numbers),
-`normalize_obs` applies them. Reward normalization (on unless `--no-normalize-reward`; reinforce's
-`--normalize-reward`): `RewardStats`, `update_reward_stats` and `reward_scale` divide the rewards by a
-running standard deviation of the discounted return, kept the same way.
-"""
+`--normalize-obs` (the policy-gradient scripts): `ObsStats` holds the running mean and variance of
+the observations, `update_obs_stats` merges an epoch's observations into them (every device's: all
+devices hold the same numbers), `normalize_obs` applies them. Reward normalization (on unless
+`--no-normalize-reward`; reinforce's `--normalize-reward`): `RewardStats`, `update_reward_stats` and
+`reward_scale` divide the rewards by a running standard deviation of the discounted return, kept the
+same way."""
 
 from __future__ import annotations
 
@@ -35,13 +34,14 @@ import jax.numpy as jnp
 from common import cli, devices
 
 
-# gymnax imports these to render only (its Pong, at import): they load at their first use instead, which
-# takes ~0.7 s off the start of every run
+# gymnax imports these to render only (its Pong, at import): they load at their first use instead,
+# which takes ~0.7 s off the start of every run
 RENDERING_ONLY = ("seaborn", "matplotlib.pyplot")
 
 
 class Deferred(types.ModuleType):
-    """Stands in `sys.modules` for a module until its first attribute use, which imports the module."""
+    """Stands in `sys.modules` for a module until its first attribute use, which imports the
+    module."""
 
     def __getattr__(self, attr: str):
         if sys.modules.get(self.__name__) is self:
@@ -58,17 +58,19 @@ def defer_rendering_imports() -> None:
 
 @functools.cache
 def make_env(env_id: str):
-    """`(env, env_params)` for a registered gymnax id, one of `PARTIALLY_OBSERVED` or `package.module:name`
-    (`load_custom`), or a `cli.ConfigError` listing them all, with the nearest as suggestions.
+    """`(env, env_params)` for a registered gymnax id, one of `PARTIALLY_OBSERVED` or
+    `package.module:name` (`load_custom`), or a `cli.ConfigError` listing them all, with the nearest
+    as suggestions.
 
-    Built once per id and process: the first call, outside any traced function, runs the constructor (some
-    branch in Python on array values, as FourRooms-misc and MetaMaze-misc do); a script's `make_trainer`
-    called again inside a program (`sweep.build`) gets the same environment."""
+    Built once per id and process: the first call, outside any traced function, runs the constructor
+    (some branch in Python on array values, as FourRooms-misc and MetaMaze-misc do); a script's
+    `make_trainer` called again inside a program (`sweep.build`) gets the same environment."""
     return encoded(*build_env(env_id), env_id)
 
 
 def build_env(env_id: str):
-    """`make_env`'s environment as gymnax (or the user's module) builds it, before its observations are encoded."""
+    """`make_env`'s environment as gymnax (or the user's module) builds it, before its observations
+    are encoded."""
     if ":" in env_id:
         return load_custom(env_id)
     defer_rendering_imports()
@@ -101,9 +103,10 @@ def build_env(env_id: str):
 
 
 def load_custom(env_id: str):
-    """`package.module:name`: a gymnax `Environment` class (made with no arguments, its `default_params`), or
-    a function returning `(env, env_params)`; the module is looked up on the Python path and in the current
-    directory. What does not fit gymnax's interface is a `cli.ConfigError` that says what is missing."""
+    """`package.module:name`: a gymnax `Environment` class (made with no arguments, its
+    `default_params`), or a function returning `(env, env_params)`; the module is looked up on the
+    Python path and in the current directory. What does not fit gymnax's interface is a
+    `cli.ConfigError` that says what is missing."""
     module_name, _, name = env_id.partition(":")
     cli.require(
         bool(module_name and name),
@@ -118,9 +121,8 @@ def load_custom(env_id: str):
             f"--env {env_id}: cannot import {module_name} ({error}); give package.module:name "
             f"of a module on the Python path or in the current directory"
         ) from None
-    except (
-        Exception
-    ) as error:  # the module's own code failed: a syntax error, an exception at import
+    # the module's own code failed: a syntax error, an exception at import
+    except Exception as error:
         raise cli.ConfigError(
             f"--env {env_id}: importing {module_name} raised {describe(error)}; fix the module"
         ) from None
@@ -166,12 +168,10 @@ def load_custom(env_id: str):
         return env.step(key, state, env.action_space(env_params).sample(key), env_params)
 
     try:
-        out = jax.eval_shape(
-            reset_and_step, jax.ShapeDtypeStruct((2,), jnp.uint32)
-        )  # traced, not compiled
-        declared = getattr(
-            env.observation_space(env_params), "shape", None
-        )  # a Dict or Tuple space has none
+        # traced, not compiled
+        out = jax.eval_shape(reset_and_step, jax.ShapeDtypeStruct((2,), jnp.uint32))
+        # a Dict or Tuple space has none
+        declared = getattr(env.observation_space(env_params), "shape", None)
     except Exception as error:
         raise cli.ConfigError(
             f"--env {env_id}: reset and step of {type(env).__name__} fail when traced "
@@ -186,9 +186,9 @@ def load_custom(env_id: str):
     )
     cli.require(
         fits,
-        f"--env {env_id}: its "
-        f"step must return (obs, state, reward, terminated, truncated, info with final_observation), as "
-        f"gymnax >= 1.0's Environment.step does: subclass it and write step_env and reset_env",
+        f"--env {env_id}: its step must return (obs, state, reward, terminated, truncated, info "
+        "with final_observation), as gymnax >= 1.0's Environment.step does: subclass it and write "
+        "step_env and reset_env",
     )
     if declared is not None:  # a Dict or Tuple space is refused by `encoded`
         cli.require(
@@ -200,8 +200,9 @@ def load_custom(env_id: str):
 
 
 def encoded(env, env_params, env_id: str):
-    """`(env, env_params)` whose observations the networks can read, chosen by the observation space alone: a Box
-    as it is, a Discrete space (a state's index) one-hot (`OneHotObservations`); another type is refused."""
+    """`(env, env_params)` whose observations the networks can read, chosen by the observation space
+    alone: a Box as it is, a Discrete space (a state's index) one-hot (`OneHotObservations`);
+    another type is refused."""
     from gymnax.environments import spaces
 
     space = env.observation_space(env_params)
@@ -236,15 +237,15 @@ def reset_envs(env, env_params, key: jax.Array, n: int):
 # ----------------------------------------------------------------------------
 # Partial-observation wrappers
 # ----------------------------------------------------------------------------
-PARTIALLY_OBSERVED = {
-    "CartPoleNoVel-v1": ("CartPole-v1", (0, 2))
-}  # keeps x and theta, hides x_dot, theta_dot
+# keeps x and theta, hides x_dot, theta_dot
+PARTIALLY_OBSERVED = {"CartPoleNoVel-v1": ("CartPole-v1", (0, 2))}
 
 
 class OneHotObservations:
-    """A gymnax environment whose observations are a Discrete space's index (FrozenLake's cell), shown one-hot:
-    `n` numbers, one of them 1, so that a network reads the state as its own input, not as one scalar whose
-    size means nothing. `encode` turns the wrapped environment's observations into these."""
+    """A gymnax environment whose observations are a Discrete space's index (FrozenLake's cell),
+    shown one-hot: `n` numbers, one of them 1, so that a network reads the state as its own input,
+    not as one scalar whose size means nothing. `encode` turns the wrapped environment's
+    observations into these."""
 
     def __init__(self, env, n: int):
         self.env, self.n = env, n
@@ -274,7 +275,8 @@ class OneHotObservations:
 
 class HiddenEntries:
     """A gymnax environment that shows only the entries `keep` of its flattened observations (the
-    `info["final_observation"]` of a step too); dynamics, keys and resets are the wrapped `env`'s."""
+    `info["final_observation"]` of a step too); dynamics, keys and resets are the wrapped `env`'s.
+    """
 
     def __init__(self, env, keep: tuple[int, ...]):
         self.env, self.keep = env, tuple(keep)
@@ -286,7 +288,10 @@ class HiddenEntries:
         from gymnax.environments import spaces
 
         space, keep = self.env.observation_space(env_params), jnp.array(self.keep)
-        bound = lambda b: jnp.ravel(jnp.broadcast_to(b, space.shape))[keep]  # noqa: E731
+
+        def bound(b):
+            return jnp.ravel(jnp.broadcast_to(b, space.shape))[keep]
+
         return spaces.Box(bound(space.low), bound(space.high), (len(keep),), space.dtype)
 
     def _shown(self, obs):
@@ -310,7 +315,8 @@ class WindowState(NamedTuple):
 
 
 class ContextWindow:
-    """A gymnax environment observed as a window `[L, F + 1]` of its last L observations (flattened, F each).
+    """A gymnax environment observed as a window `[L, F + 1]` of its last L observations (flattened,
+    F each).
 
     Row L - 1 is the newest observation; the last column is 1 for rows of the
     current episode, 0 for empty rows. An episode end clears the window.
@@ -330,8 +336,8 @@ class ContextWindow:
         return self.env.action_space(env_params)
 
     def observe(self, window, obs, first):
-        """The window after `obs`: the oldest row out, `[obs, 1]` in; if `obs` starts an episode (`first`),
-        the rows of the one before are cleared first."""
+        """The window after `obs`: the oldest row out, `[obs, 1]` in; if `obs` starts an episode
+        (`first`), the rows of the one before are cleared first."""
         row = jnp.append(jnp.ravel(obs).astype(jnp.float32), 1.0)
         return jnp.concatenate([jnp.where(first, 0.0, window)[1:], row[None]])
 
@@ -344,9 +350,8 @@ class ContextWindow:
         obs, env_state, reward, terminated, truncated, info = self.env.step(
             key, state.env_state, action, env_params
         )
-        window = self.observe(
-            state.window, obs, jnp.logical_or(terminated, truncated)
-        )  # obs: after any reset
+        # obs: after any reset
+        window = self.observe(state.window, obs, jnp.logical_or(terminated, truncated))
         info = {
             **info,
             "final_observation": self.observe(state.window, info["final_observation"], False),
@@ -420,15 +425,16 @@ class ObsStats(NamedTuple):
 
 
 class Policy(NamedTuple):
-    """What a script's `act` reads: the policy's parameters and, with --normalize-obs, the statistics its
-    network normalizes observations with (None: raw observations)."""
+    """What a script's `act` reads: the policy's parameters and, with --normalize-obs, the
+    statistics its network normalizes observations with (None: raw observations)."""
 
     params: Any
     obs_stats: ObsStats | None = None
 
 
 def init_obs_stats(obs_shape) -> ObsStats:
-    """Nothing seen yet: mean 0, variance 1, so the first epoch sees its observations as they are (clipped)."""
+    """Nothing seen yet: mean 0, variance 1, so the first epoch sees its observations as they are
+    (clipped)."""
     return ObsStats(
         mean=jnp.zeros(obs_shape, jnp.float32),
         var=jnp.ones(obs_shape, jnp.float32),
@@ -439,8 +445,8 @@ def init_obs_stats(obs_shape) -> ObsStats:
 def update_obs_stats(
     stats: ObsStats | None, obs: jax.Array, axis_name: str = devices.DEVICE_AXIS
 ) -> ObsStats | None:
-    """`stats` merged with a batch `obs` `[..., *obs_shape]` of every device (Chan et al.'s parallel update);
-    None when `stats` is None (`--normalize-obs` off).
+    """`stats` merged with a batch `obs` `[..., *obs_shape]` of every device (Chan et al.'s parallel
+    update); None when `stats` is None (`--normalize-obs` off).
 
     Call inside `devices.map_epoch`: the batch's mean and variance are those of
     every device's batch together (`lax.pmean`; every device holds a batch of the
@@ -459,8 +465,9 @@ def update_obs_stats(
 
 
 def normalize_obs(stats: ObsStats | None, obs: jax.Array) -> jax.Array:
-    """`(obs - mean) / sqrt(var + 1e-8)` clipped to [-10, 10], as is customary; `obs` itself when `stats`
-    is None (`--normalize-obs` off: nothing is added to the program). `obs` is `[..., *obs_shape]`."""
+    """`(obs - mean) / sqrt(var + 1e-8)` clipped to [-10, 10], as is customary; `obs` itself when
+    `stats` is None (`--normalize-obs` off: nothing is added to the program). `obs` is `[...,
+    *obs_shape]`."""
     if stats is None:
         return obs
     return jnp.clip(
@@ -469,8 +476,9 @@ def normalize_obs(stats: ObsStats | None, obs: jax.Array) -> jax.Array:
 
 
 def normalize_window(stats: ObsStats | None, window: jax.Array) -> jax.Array:
-    """Windows `[..., L, F + 1]` (`ContextWindow`) with their observation columns normalized (`normalize_obs`,
-    statistics `[F]`), empty rows kept at 0 and the last column as it is; `window` itself when `stats` is None."""
+    """Windows `[..., L, F + 1]` (`ContextWindow`) with their observation columns normalized
+    (`normalize_obs`, statistics `[F]`), empty rows kept at 0 and the last column as it is; `window`
+    itself when `stats` is None."""
     if stats is None:
         return window
     obs, in_episode = window[..., :-1], window[..., -1:]
@@ -478,8 +486,9 @@ def normalize_window(stats: ObsStats | None, window: jax.Array) -> jax.Array:
 
 
 class RewardStats(NamedTuple):
-    """`--normalize-reward`: each environment's discounted return so far, and the running variance of
-    those returns (`ObsStats` of shape []), whose standard deviation divides the rewards the learner sees."""
+    """`--normalize-reward`: each environment's discounted return so far, and the running variance
+    of those returns (`ObsStats` of shape []), whose standard deviation divides the rewards the
+    learner sees."""
 
     returns: jax.Array  # [B] the discounted return of each environment's episode so far
     stats: ObsStats  # of every step's returns, every device's
@@ -492,9 +501,9 @@ def init_reward_stats(n_envs: int) -> RewardStats:
 def update_reward_stats(
     stats: RewardStats | None, rewards: jax.Array, dones: jax.Array, gamma
 ) -> RewardStats | None:
-    """`stats` with a rollout's discounted returns G_t = r_t + gamma G_{t-1} (0 before an episode) merged
-    in, from its time-major rewards and ends `[T, B]` (every device's: call inside `devices.map_epoch`);
-    None when `stats` is None (normalization off)."""
+    """`stats` with a rollout's discounted returns G_t = r_t + gamma G_{t-1} (0 before an episode)
+    merged in, from its time-major rewards and ends `[T, B]` (every device's: call inside
+    `devices.map_epoch`); None when `stats` is None (normalization off)."""
     if stats is None:
         return None
 
@@ -508,13 +517,12 @@ def update_reward_stats(
 
 
 def reward_scale(stats: RewardStats | None):
-    """What the learner's rewards are divided by: the discounted return's standard deviation where it is
-    above 1, else 1 (1 when `stats` is None). The episode metrics keep the raw rewards.
+    """What the learner's rewards are divided by: the discounted return's standard deviation where
+    it is above 1, else 1 (1 when `stats` is None). The episode metrics keep the raw rewards.
 
-    Rewards are only ever shrunk: a task whose returns are already of order 1 (bsuite's) learns as it
-    would without, and a rare reward after a long run of small ones (DeepSea's cost of moving, then its
-    treasure) is not blown up.
-    """
+    Rewards are only ever shrunk: a task whose returns are already of order 1 (bsuite's) learns as
+    it would without, and a rare reward after a long run of small ones (DeepSea's cost of moving,
+    then its treasure) is not blown up."""
     return 1.0 if stats is None else jnp.maximum(jnp.sqrt(stats.stats.var), 1.0)
 
 

@@ -1,5 +1,5 @@
-"""The pieces of the epoch loop: epochs in chunks of one compiled call, their records, Ctrl-C and SIGTERM
-between calls.
+"""The pieces of the epoch loop: epochs in chunks of one compiled call, their records, Ctrl-C and
+SIGTERM between calls.
 
 One compiled call runs up to 64 epochs (`epochs_per_call`, `chunk_epochs`),
 so that the per-call dispatch and metrics transfer do not set the pace of
@@ -29,7 +29,8 @@ def epochs_per_call(steps_per_epoch: int, num_epochs: int) -> int:
 
 
 def chunk_epochs(epoch: Callable, k: int) -> Callable:
-    """`fn(state, values, n) -> (state, metrics [k, ...])` running `epoch(state, values)` n <= k times.
+    """`fn(state, values, n) -> (state, metrics [k, ...])` running `epoch(state, values)` n <= k
+    times.
 
     One program serves every n: a `lax.scan` over k slots, slot i runs the epoch
     iff i < n. The predicate is the same for every device and seed (not
@@ -40,8 +41,13 @@ def chunk_epochs(epoch: Callable, k: int) -> Callable:
 
     def run_n(state, values, n):
         shapes = jax.eval_shape(epoch, state, values)[1]
-        skip = lambda s: (s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes))  # noqa: E731
-        step = lambda s, i: jax.lax.cond(i < n, lambda s: epoch(s, values), skip, s)  # noqa: E731
+
+        def skip(s):
+            return s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        def step(s, i):
+            return jax.lax.cond(i < n, lambda s: epoch(s, values), skip, s)
+
         return jax.lax.scan(step, state, jnp.arange(k))
 
     return run_n
@@ -72,8 +78,9 @@ def records(metrics, n: int) -> list[dict]:
 
 
 class StopOnInterrupt:
-    """Ctrl-C (SIGINT) or SIGTERM (what SLURM and Kubernetes send before they kill a job) finishes the running
-    epochs, then stops with a checkpoint; the same signal again stops at once, without saving.
+    """Ctrl-C (SIGINT) or SIGTERM (what SLURM and Kubernetes send before they kill a job) finishes
+    the running epochs, then stops with a checkpoint; the same signal again stops at once, without
+    saving.
 
     (Epochs interrupted half-way would leave the donated runner state deleted.) `exit_code` is the
     shell's for the signal that stopped the run: 130 for SIGINT, 143 for SIGTERM.

@@ -62,8 +62,9 @@ def dense_init(key: jax.Array, n_in: int, n_out: int, scale: float) -> dict:
 
 
 def uses_conv(torso: str, obs_shape: tuple) -> bool:
-    """Whether the network starts with the convolution: `--torso auto` gives it to `[H, W, C]` observations
-    (an image) and not to others; `--torso conv` on another shape is a `cli.ConfigError`."""
+    """Whether the network starts with the convolution: `--torso auto` gives it to `[H, W, C]`
+    observations (an image) and not to others; `--torso conv` on another shape is a
+    `cli.ConfigError`."""
     image = len(obs_shape) == 3 and min(obs_shape[:2]) >= CONV_KERNEL
     cli.require(
         torso != "conv" or image,
@@ -80,12 +81,13 @@ def torso_init(
     conv: bool = False,
     extra_inputs: int = 0,
 ) -> list:
-    """Hidden layers `obs -> hidden[0] -> ... -> hidden[-1]`, scale sqrt 2, one key each: `keys` `[len(hidden), 2]`.
+    """Hidden layers `obs -> hidden[0] -> ... -> hidden[-1]`, scale sqrt 2, one key each: `keys`
+    `[len(hidden), 2]`.
 
-    With `conv`, the convolution comes first (its kernel orthogonal as a `[9 C, 16]` matrix, from a key folded
-    out of `keys[0]`, so the dense layers draw what they draw without it). `extra_inputs` widens the first
-    dense layer for inputs appended to the observation's features (a Q(s, a) critic's action).
-    """
+    With `conv`, the convolution comes first (its kernel orthogonal as a `[9 C, 16]` matrix, from a
+    key folded out of `keys[0]`, so the dense layers draw what they draw without it). `extra_inputs`
+    widens the first dense layer for inputs appended to the observation's features (a Q(s, a)
+    critic's action)."""
     layers, n_in = [], int(np.prod(obs_shape))
     if conv:
         (height, width, channels), k = obs_shape, CONV_KERNEL
@@ -103,14 +105,16 @@ def torso_init(
 
 
 def torso(layers: list, x: jax.Array, activation: Activation) -> jax.Array:
-    """One observation through the layers (float32; the convolution, if any, on its `[H, W, C]` form, the dense
-    layers on it flattened): `[hidden[-1]]`; with no layers, the observation flattened."""
+    """One observation through the layers (float32; the convolution, if any, on its `[H, W, C]`
+    form, the dense layers on it flattened): `[hidden[-1]]`; with no layers, the observation
+    flattened."""
     act = ACTIVATIONS[activation]
     x = x.astype(jnp.float32)
     for layer in layers:
         if layer["w"].ndim == 4:
-            # the convolution [H, W, C] -> [H - 2, W - 2, 16] as one matmul of the 3x3 patches [H - 2, W - 2, 9 C]:
-            # under vmap, XLA:CPU's own convolution made a MinAtar DQN epoch ~25x slower
+            # the convolution [H, W, C] -> [H - 2, W - 2, 16] as one matmul of the 3x3 patches [H -
+            # 2, W - 2, 9 C]: under vmap, XLA:CPU's own convolution made a MinAtar DQN epoch ~25x
+            # slower
             k, (height, width, _) = layer["w"].shape[0], x.shape
             patches = jnp.concatenate(
                 [

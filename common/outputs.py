@@ -37,20 +37,23 @@ import jax
 
 from common import checkpoints, cli, nets, sweep
 
+# a run's own, beside checkpoints/
 RUN_FILES = (
     "config.json",
     "metrics.jsonl",
     "summary.json",
     "changes.jsonl",
-)  # a run's own, beside checkpoints/
+)
+# what a run writes in checkpoints/ (and .tmp_* beside RUN_FILES)
 CHECKPOINT_FILES = (
     "epoch_*.npz",
     ".tmp_*",
-)  # what a run writes in checkpoints/ (and .tmp_* beside RUN_FILES)
+)
 
 
 def is_run(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a run: a config.json that a run wrote (a JSON object with a run's keys)."""
+    """Whether `run_dir` holds a run: a config.json that a run wrote (a JSON object with a run's
+    keys)."""
     try:
         saved = json.loads((run_dir / "config.json").read_text())
     except (OSError, ValueError):
@@ -68,7 +71,8 @@ def run_files(run_dir: Path) -> list[Path]:
 
 
 def open_run_dir(run_dir: Path, config):
-    """Creates the run directory (or opens it, on --resume) and locks it; returns the open lock file.
+    """Creates the run directory (or opens it, on --resume) and locks it; returns the open lock
+    file.
 
     The lock (`flock` on `run.lock`, which names the holder's pid) lasts until
     the file is closed or the process ends, however it ends: a second run in the
@@ -110,9 +114,8 @@ def open_run_dir(run_dir: Path, config):
         ", ..." if len(found) > 3 else ""
     )
     if config.resume:
-        deleted = [
-            path for path in found if path.name.startswith(".tmp_")
-        ]  # writes cut short by a crash
+        # writes cut short by a crash
+        deleted = [path for path in found if path.name.startswith(".tmp_")]
     elif not found:
         deleted = []
     elif not is_run(run_dir):
@@ -160,7 +163,8 @@ def disk_error(path: Path, error: OSError, run_dir: Path) -> SystemExit:
 
 @contextlib.contextmanager
 def writing(path: Path, run_dir: Path):
-    """Writes to `path` in the block; a failure of the file system ends the run with `disk_error`'s line."""
+    """Writes to `path` in the block; a failure of the file system ends the run with `disk_error`'s
+    line."""
     try:
         yield
     except OSError as error:
@@ -178,7 +182,8 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def strict(value):
-    """`value` with every NaN or infinity replaced by None (null): JSON that a strict parser reads."""
+    """`value` with every NaN or infinity replaced by None (null): JSON that a strict parser
+    reads."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -218,7 +223,8 @@ def trim_metrics(path: Path, epoch: int) -> None:
         print(f"{path}: dropped its last line, cut short ({lines[-1][:40]!r})", file=sys.stderr)
     if len(lines) - torn > len(kept):
         print(
-            f"{path}: dropped {len(lines) - torn - len(kept)} line(s) past the checkpoint's epoch {epoch}",
+            f"{path}: dropped {len(lines) - torn - len(kept)} line(s) past the checkpoint's epoch "
+            f"{epoch}",
             file=sys.stderr,
         )
     if len(kept) < len(lines) or not text.endswith("\n"):
@@ -241,9 +247,9 @@ def record_changes(run_dir: Path, config, epoch: int) -> None:
     with writing(run_dir / "changes.jsonl", run_dir), open(run_dir / "changes.jsonl", "a") as fh:
         fh.write(json.dumps({"epoch": epoch, **changed}) + "\n")
     write_json(path, {**saved, **{k: new for k, (_, new) in changed.items()}}, run_dir)
+    changes = ", ".join(f"{cli.flag_name(k)} {old} -> {new}" for k, (old, new) in changed.items())
     print(
-        f"--resume changes {', '.join(f'{cli.flag_name(k)} {old} -> {new}' for k, (old, new) in changed.items())} "
-        f"from epoch {epoch} (recorded in {run_dir / 'changes.jsonl'})",
+        f"--resume changes {changes} from epoch {epoch} (recorded in {run_dir / 'changes.jsonl'})",
         flush=True,
     )
 
@@ -264,9 +270,8 @@ class Logger:
     def __init__(self, config, run_dir: Path, is_chief: bool, wall_start: float | None = None):
         self.config, self.is_chief, self.wandb, self.run_dir = config, is_chief, None, run_dir
         self.last_print, self.last_return = 0.0, float("nan")
-        self.wall_start = (
-            time.time() if wall_start is None else wall_start
-        )  # the run's, imports aside
+        # the run's, imports aside
+        self.wall_start = time.time() if wall_start is None else wall_start
         self.train_start, self.first_epoch, self.num_epochs, self.steps_per_epoch = (
             time.time(),
             None,
@@ -294,12 +299,12 @@ class Logger:
             print(f"wandb disabled: {error}", file=sys.stderr)
 
     def start(self, script: str, trainer, n_devices: int, compile_time: float) -> None:
-        """The run's first line: what trains, on what (`n_devices`: every host's), and where it writes."""
+        """The run's first line: what trains, on what (`n_devices`: every host's), and where it
+        writes."""
         config, hosts, runs = self.config, jax.process_count(), sweep.n_runs(self.config)
         self.train_start, self.num_epochs = time.time(), trainer.num_epochs
-        self.steps_per_epoch = (
-            trainer.steps_per_epoch * runs
-        )  # every seed's and member's, as `sps` counts them
+        # every seed's and member's, as `sps` counts them
+        self.steps_per_epoch = trainer.steps_per_epoch * runs
         where = f"{n_devices} {jax.default_backend()} device(s)" + (
             f" of {hosts} processes" if hosts > 1 else ""
         )
@@ -309,9 +314,10 @@ class Logger:
             if hasattr(env, "raw_obs_shape")
             else env.observation_space(trainer.env_params).shape
         )
+        torso = "conv" if nets.uses_conv(config.torso, shape) else "mlp"
         print(
-            f"training {script} on {config.env} ({'conv' if nets.uses_conv(config.torso, shape) else 'mlp'} torso "
-            f"for observations {list(shape)}): {trainer.num_epochs} epochs of "
+            f"training {script} on {config.env} ({torso} torso for observations {list(shape)}): "
+            f"{trainer.num_epochs} epochs of "
             f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
             + (f" x {runs // config.num_seeds} sweep members" if config.sweep else "")
             + f" on {where}; "
@@ -349,20 +355,18 @@ class Logger:
             print(line + self.pace(record["epoch"], now), flush=True)
 
     def pace(self, epoch: int, now: float) -> str:
-        """The run's own rate by the wall clock (evaluations and checkpoints included, unlike `sps`, the
-        epochs' rate), the time since the run started and an estimate of the time left."""
+        """The run's own rate by the wall clock (evaluations and checkpoints included, unlike `sps`,
+        the epochs' rate), the time since the run started and an estimate of the time left."""
         if self.first_epoch is None:
-            self.first_epoch = (
-                epoch - 1
-            )  # the epoch this invocation started from (a resumed run's checkpoint)
+            # the epoch this invocation started from (a resumed run's checkpoint)
+            self.first_epoch = epoch - 1
         if self.num_epochs is None:  # `start` was not called: nothing to pace against
             return ""
         done, seconds = epoch - self.first_epoch, max(now - self.train_start, 1e-9)
         left = (self.num_epochs - epoch) * seconds / done
-        return (
-            f" | wall sps {done * self.steps_per_epoch / seconds:>9,.0f} | {clock(now - self.wall_start)} "
-            f"elapsed, ~{clock(left)} left"
-        )
+        sps = done * self.steps_per_epoch / seconds
+        elapsed = clock(now - self.wall_start)
+        return f" | wall sps {sps:>9,.0f} | {elapsed} elapsed, ~{clock(left)} left"
 
     def close(self, summary: dict) -> None:
         if self.wandb is not None:

@@ -1,4 +1,5 @@
-"""The life of a run, in order: `train` and its phases, and `main`, the command line of every script.
+"""The life of a run, in order: `train` and its phases, and `main`, the command line of every
+script.
 
 A script defines a frozen `Config` (a subclass of `cli.RunConfig`) and a
 `make_trainer(config) -> Trainer`; `main(Config, make_trainer, ...)` does the rest:
@@ -93,10 +94,10 @@ class Setup(NamedTuple):
 
 class Programs(NamedTuple):
     init: Callable  # (keys, values) -> state
-    epochs: (
-        Callable | None
-    )  # (state, values, n) -> (state, metrics [n_devices, runs, k]), n <= k; None: --eval-only
-    evaluate: Callable  # (state, epoch) -> the greedy return of every run [runs], on the episodes of `epoch`
+    # (state, values, n) -> (state, metrics [n_devices, runs, k]), n <= k; None: --eval-only
+    epochs: Callable | None
+    # (state, epoch) -> the greedy return of every run [runs], on the episodes of `epoch`
+    evaluate: Callable
     k: int  # epochs per call (`loop.epochs_per_call`)
 
 
@@ -106,12 +107,10 @@ class Progress(NamedTuple):
     record: dict  # the last epoch's
     returns: np.ndarray | None  # the last evaluation's
     train_time: float  # seconds in the epochs' calls
-    reached: (
-        float | None
-    )  # time.time() at the evaluation that reached --target-return; None: not reached
-    episodes: (
-        tuple[int, float] | None
-    )  # (epoch, mean return) of the newest epoch in which episodes ended
+    # time.time() at the evaluation that reached --target-return; None: not reached
+    reached: float | None
+    # (epoch, mean return) of the newest epoch in which episodes ended
+    episodes: tuple[int, float] | None
 
 
 # ----------------------------------------------------------------------------
@@ -138,9 +137,8 @@ def train(
             if done is not None:
                 return Result(run_dir=setup.run_dir, summary=done)
         t0 = time.time()
-        programs = compile_programs(
-            setup
-        )  # before anything is written: a program too large is refused
+        # before anything is written: a program too large is refused
+        programs = compile_programs(setup)
         start_outputs(setup, start_epoch)
         state = state if state is not None else programs.init(setup.keys, setup.values)
         compile_time = time.time() - t0
@@ -168,7 +166,8 @@ def train(
 
 
 def prepare(config, make_trainer: Callable, script: str) -> Setup:
-    """Hosts and devices, the run directory's path, the trainer and the state's shapes (before any compile)."""
+    """Hosts and devices, the run directory's path, the trainer and the state's shapes (before any
+    compile)."""
     devices.init_distributed(
         config.coordinator, config.num_processes, config.process_id, config.coordinator_timeout
     )
@@ -176,7 +175,8 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
         enable_compile_cache()
     host = devices.init_host_and_devices(config.n_devices or None, config.seed)
     hosts = jax.process_count()
-    # The flags describe the whole run: its environments and batches split over every host's devices.
+    # The flags describe the whole run: its environments and batches split over every host's
+    # devices.
     run_dir = Path(
         config.resume
         or config.out_dir
@@ -189,9 +189,8 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
         host.n_devices,
         init_key,
     )
-    init = sweep.lower_init(
-        trainer, keys, values, config, script, host.n_devices
-    )  # traced once: its output shapes
+    # traced once: its output shapes
+    init = sweep.lower_init(trainer, keys, values, config, script, host.n_devices)
     check_memory(init.out_info, config, host.n_devices, trainer, hosts)
     return Setup(
         config=config,
@@ -209,8 +208,8 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
 
 
 def check_memory(template, config, n_devices: int, trainer: Trainer, hosts: int) -> None:
-    """Refuses a runner state, or an epoch's rollout, larger than the memory that must hold it, naming the
-    flags that size it."""
+    """Refuses a runner state, or an epoch's rollout, larger than the memory that must hold it,
+    naming the flags that size it."""
     leaves = jax.tree_util.tree_leaves_with_path(template)
     need = sum(x.size * np.dtype(x.dtype).itemsize for _, x in leaves)
     have = memory_here(n_devices) * n_devices
@@ -234,8 +233,9 @@ def check_memory(template, config, n_devices: int, trainer: Trainer, hosts: int)
             f"GiB of memory here; its largest array, {jax.tree_util.keystr(path)} "
             f"{tuple(biggest.shape)}, is sized by {sized_by}: make it smaller"
         )
-    # An epoch holds its rollout at once: at least each transition's observation, next observation and a few
-    # scalars (action, reward, ends, value, log-probability, advantage, target), 4 bytes each.
+    # An epoch holds its rollout at once: at least each transition's observation, next observation
+    # and a few scalars (action, reward, ends, value, log-probability, advantage, target), 4 bytes
+    # each.
     obs_shape = (
         getattr(trainer.env, "window_shape", None)
         or trainer.env.observation_space(trainer.env_params).shape
@@ -245,15 +245,16 @@ def check_memory(template, config, n_devices: int, trainer: Trainer, hosts: int)
     rollout = transitions * (2 * obs_size + 8) * 4
     cli.require(
         need + rollout <= have,
-        f"an epoch's rollout needs at least {rollout / 2**30:,.1f} GiB ({transitions:,} transitions of "
-        f"--num-envs {config.num_envs} x --num-steps {config.num_steps} x {sweep.n_runs(config)} runs, "
-        f"observations of {obs_size:,} numbers), more than the {have / 2**30:,.1f} GiB of memory here: "
-        f"lower --num-envs or --num-steps",
+        f"an epoch's rollout needs at least {rollout / 2**30:,.1f} GiB ({transitions:,} "
+        f"transitions of --num-envs {config.num_envs} x --num-steps {config.num_steps} x "
+        f"{sweep.n_runs(config)} runs, observations of {obs_size:,} numbers), more than the "
+        f"{have / 2**30:,.1f} GiB of memory here: lower --num-envs or --num-steps",
     )
 
 
 def memory_here(n_devices: int) -> int:
-    """Bytes one device may hold: an accelerator's limit, or on a CPU its share of the host's memory."""
+    """Bytes one device may hold: an accelerator's limit, or on a CPU its share of the host's
+    memory."""
     limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", 0)
     return limit or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // n_devices
 
@@ -298,7 +299,8 @@ def finished(setup: Setup, epoch: int) -> dict | None:
 
 
 def start_outputs(setup: Setup, epoch: int) -> None:
-    """A new run's config.json; a resumed run's metrics past its checkpoint dropped, its changed flags recorded."""
+    """A new run's config.json; a resumed run's metrics past its checkpoint dropped, its changed
+    flags recorded."""
     config, run_dir, chief = setup.config, setup.run_dir, setup.host.is_chief
     if not config.resume:
         if chief:
@@ -311,13 +313,13 @@ def start_outputs(setup: Setup, epoch: int) -> None:
 
 
 def compile_programs(setup: Setup) -> Programs:
-    """The run's programs. Init and evaluation compile on a second thread, while this one compiles the
-    epochs; init runs once, so it compiles unoptimised.
+    """The run's programs. Init and evaluation compile on a second thread, while this one compiles
+    the epochs; init runs once, so it compiles unoptimised.
 
-    Evaluation compiles optimized for image observations, where each step runs a conv torso that is many
-    times slower unoptimized (on MinAtar the evaluations took as long as training), and unoptimized for
-    the others: an MLP's evaluation takes a fraction of a second either way, and the optimized compile
-    would lengthen the run's start."""
+    Evaluation compiles optimized for image observations, where each step runs a conv torso that is
+    many times slower unoptimized (on MinAtar the evaluations took as long as training), and
+    unoptimized for the others: an MLP's evaluation takes a fraction of a second either way, and the
+    optimized compile would lengthen the run's start."""
     trainer, config, n_devices = setup.trainer, setup.config, setup.host.n_devices
     env = trainer.env  # a ContextWindow (skip_transformer) observes windows of its raw observations
     raw_shape = (
@@ -332,14 +334,14 @@ def compile_programs(setup: Setup) -> Programs:
         )
     )
 
-    def greedy_returns(
-        params, key
-    ):  # of every run (a named function names its program in profiles)
+    # of every run (a named function names its program in profiles)
+    def greedy_returns(params, key):
         return act(params, sweep.eval_keys(key, config))
 
     evaluate_seeds = jax.jit(greedy_returns)
 
-    def compile_init_and_eval():  # only compiles: running a program beside a compile once hung in XLA:CPU
+    # only compiles: running a program beside a compile once hung in XLA:CPU
+    def compile_init_and_eval():
         params = jax.eval_shape(lambda state: first_device(trainer, state), setup.template)
         evaluation = evaluate_seeds.lower(params, setup.eval_key)
         return setup.init.compile(
@@ -356,10 +358,10 @@ def compile_programs(setup: Setup) -> Programs:
                 loop.chunk_epochs(trainer.epoch, k), n_devices, n_shared=1, n_mapped=2
             )
         )
-        if (
-            epochs is not None and setup.hosts == 1
-        ):  # jax 0.10 cannot run a pmap over hosts compiled ahead
-            try:  # of time: it compiles at its first call
+        # jax 0.10 cannot run a pmap over hosts compiled ahead of time: it compiles at its first
+        # call
+        if epochs is not None and setup.hosts == 1:
+            try:
                 lowered = epochs.lower(setup.template, setup.values, 1)
             except (
                 OverflowError
@@ -410,10 +412,9 @@ def run_epochs(
 ) -> Progress:
     """The epochs up to `last_epoch`, in calls that end at each evaluation, checkpoint and the end.
 
-    Each epoch's record is checked (a non-finite loss stops the run) and
-    logged; a checkpoint is saved every --checkpoint-every epochs, at the end,
-    and where the run stops early. Ctrl-C or SIGTERM stops after the running call, with a checkpoint.
-    """
+    Each epoch's record is checked (a non-finite loss stops the run) and logged; a checkpoint is
+    saved every --checkpoint-every epochs, at the end, and where the run stops early. Ctrl-C or
+    SIGTERM stops after the running call, with a checkpoint."""
     config, trainer = setup.config, setup.trainer
     epoch, train_time, returns, record, reached, episodes = start_epoch, 0.0, None, {}, None, None
     with loop.StopOnInterrupt() as interrupt:
@@ -481,13 +482,15 @@ def run_epochs(
 
 
 def check_losses(setup: Setup, record: dict, epoch: int) -> None:
-    """Any non-finite loss term stops the run (a NaN value loss reaches the policy loss only epochs later)."""
+    """Any non-finite loss term stops the run (a NaN value loss reaches the policy loss only epochs
+    later)."""
     diverged = [
         f"{k} is {v}" for k, v in record.items() if k.startswith("loss/") and not math.isfinite(v)
     ]
     episode_return = record.get("episode/return", 0.0)
     if diverged and record.get("episode/count", 0) > 0 and not math.isfinite(episode_return):
-        # the episodes' returns sum the environment's raw rewards: no learning rate makes them non-finite
+        # the episodes' returns sum the environment's raw rewards: no learning rate makes them
+        # non-finite
         raise SystemExit(
             f"error: {', '.join(diverged)} at epoch {epoch}, and so is the return of the episodes "
             f"that ended (episode/return is {episode_return}): --env {setup.config.env} returned a "
@@ -517,9 +520,8 @@ def divergence(setup: Setup, what: str) -> SystemExit:
     """The end of a diverged run: what diverged, and how to go on from the last good checkpoint."""
     last = checkpoints.latest(setup.run_dir / "checkpoints")
     largest = 0.0
-    with contextlib.suppress(
-        cli.ConfigError
-    ):  # an unreadable checkpoint: the advice names it all the same
+    # an unreadable checkpoint: the advice names it all the same
+    with contextlib.suppress(cli.ConfigError):
         _, state = checkpoints.resume(setup.run_dir, setup.template, setup.hosts)
         params = jax.tree.leaves(setup.trainer.policy(state).params)
         largest = max(float(np.abs(np.asarray(x)).max(initial=0.0)) for x in params)
@@ -537,14 +539,14 @@ def summarize(
 ) -> dict:
     """The run's summary (summary.json), with the greedy return at its last epoch."""
     config, steps_per_epoch, epoch = setup.config, setup.trainer.steps_per_epoch, progress.epoch
-    stale = (
-        progress.returns is None or "eval/return" not in progress.record
-    )  # no evaluation at the last epoch
+    # no evaluation at the last epoch
+    stale = progress.returns is None or "eval/return" not in progress.record
     returns = programs.evaluate(progress.state, epoch) if stale else progress.returns
     summary = {
         "eval_return": float(returns.mean()),
         "eval_return_per_seed": returns.tolist(),
-        # the training episodes that ended in the newest epoch that had any (long episodes skip epochs)
+        # the training episodes that ended in the newest epoch that had any (long episodes skip
+        # epochs)
         "episode_return": progress.episodes[1] if progress.episodes else None,
         "episode_return_epoch": progress.episodes[0] if progress.episodes else None,
         "epoch": epoch,
@@ -597,14 +599,15 @@ def main(config_cls, make_trainer: Callable, script: str, description: str, argv
 
 
 def launch(config, make_trainer: Callable, script: str) -> Result:
-    """`train` for the command line: a user's mistake (a `cli.ConfigError`) ends in one line, `error: ...`;
-    any other exception keeps its traceback. Prints the final greedy return."""
+    """`train` for the command line: a user's mistake (a `cli.ConfigError`) ends in one line,
+    `error: ...`; any other exception keeps its traceback. Prints the final greedy return."""
     try:
         result = train(config, make_trainer, script)
     except cli.ConfigError as error:
         raise SystemExit(f"error: {error}") from None
     print(
-        f"eval return {result.summary['eval_return']:.2f} (greedy, {config.eval_episodes} episodes)",
+        f"eval return {result.summary['eval_return']:.2f} (greedy, {config.eval_episodes} "
+        "episodes)",
         flush=True,
     )
     return result

@@ -45,7 +45,8 @@ def _first_copy_rule(axis_size, in_batched, x):
 
 
 def warmup_factor(step, warmup_steps: int):
-    """1 at step 0, falling linearly to 0 at `warmup_steps` and after (0 when there is no warmup)."""
+    """1 at step 0, falling linearly to 0 at `warmup_steps` and after (0 when there is no
+    warmup)."""
     if warmup_steps == 0:
         return jnp.float32(0.0)
     return jnp.maximum(0.0, (warmup_steps - jnp.asarray(step, jnp.float32)) / warmup_steps)

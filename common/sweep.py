@@ -1,4 +1,5 @@
-"""Hyperparameters as inputs of the compiled programs, and the in-process sweep (`--sweep lr=1e-3,3e-4`).
+"""Hyperparameters as inputs of the compiled programs, and the in-process sweep (`--sweep
+lr=1e-3,3e-4`).
 
 Every float flag but the `STATIC_FLOATS` and a `SWITCHES` flag at 0
 (`cli.RunConfig`) enters the programs as an input, not a constant folded
@@ -30,12 +31,14 @@ def n_runs(config) -> int:
 
 
 def eval_keys(key, config):
-    """One evaluation key per run; every sweep member meets the episodes of a run without the sweep."""
+    """One evaluation key per run; every sweep member meets the episodes of a run without the
+    sweep."""
     return jnp.tile(jax.random.split(key, config.num_seeds), (len(cli.sweep_members(config)), 1))
 
 
 def input_names(config) -> list[str]:
-    """The float flags that are inputs of the programs: all but `STATIC_FLOATS` and the `SWITCHES` at 0.
+    """The float flags that are inputs of the programs: all but `STATIC_FLOATS` and the `SWITCHES`
+    at 0.
 
     A constant of the programs cannot be swept in one program: a static float,
     or a switch swept across 0 (a program without its term) and other values.
@@ -49,8 +52,8 @@ def input_names(config) -> list[str]:
             cli.require(
                 name not in members[0] or (name in cls.SWITCHES and all(zero)),
                 f"--sweep {' '.join(config.sweep)}: {cli.flag_name(name)} {why}, a constant of the "
-                f"programs, so it cannot be swept in one program; run one process per value (e.g. a wandb "
-                f"sweep, sweeps/)"
+                "programs, so it cannot be swept in one program; run one process per value (e.g. "
+                "a wandb sweep, sweeps/)"
                 + ("" if name in cls.STATIC_FLOATS else " or sweep values above 0"),
             )
             continue
@@ -59,8 +62,8 @@ def input_names(config) -> list[str]:
 
 
 def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any, Any, dict]:
-    """The run's trainer (a `run.Trainer`), the keys and the hyperparameter values its programs map over:
-    `[n_devices, n_runs]`.
+    """The run's trainer (a `run.Trainer`), the keys and the hyperparameter values its programs map
+    over: `[n_devices, n_runs]`.
 
     The trainer's `init(key, values)`, `epoch(state, values)` (and `rollout`) make
     the script's trainer inside the program from `config` with `values`
@@ -100,8 +103,8 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any
 
 
 def lower_init(trainer, keys, values, config, script: str, n_devices: int):
-    """`init` lowered for `keys` and `values` (its output shapes are the state's template); with --sweep, the
-    epoch traced too.
+    """`init` lowered for `keys` and `values` (its output shapes are the state's template); with
+    --sweep, the epoch traced too.
 
     The values are traced numbers: a script that reads a swept flag outside
     the compiled math (to choose a branch) cannot sweep it in one program.
