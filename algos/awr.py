@@ -24,13 +24,13 @@ from typing import Literal, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import chex  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
+import chex
+import jax
+import jax.numpy as jnp
+import optax
 
-from common import cli, devices, envs, nets, run  # noqa: E402
-from common.distributions import make_distribution  # noqa: E402
+from common import cli, devices, envs, nets, run
+from common.distributions import make_distribution
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,15 +24,15 @@ from typing import Literal, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import chex  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
-from common import checkpoints, cli, devices, envs, outputs, run, skipping, sweep  # noqa: E402
-from common.distributions import make_distribution  # noqa: E402
-from common.metrics import residual_metrics  # noqa: E402
+from common import checkpoints, cli, devices, envs, outputs, run, skipping, sweep
+from common.distributions import make_distribution
+from common.metrics import residual_metrics
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ is compiled first; then rounds of 10 epochs run variant after variant, and the
 fastest round of each counts (the least disturbed by other load). Rewrites this
 benchmark's section of bench/RESULTS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,10 @@ from common import devices  # noqa: E402
 from results import machine, write_section  # noqa: E402  (bench/ is on sys.path when this file runs)
 
 SECTION = "## AWR epoch cost: plain against --q-value --n-samples K"
-VARIANTS = {"awr": {}, **{f"awr --q-value --n-samples {k}": dict(q_value=True, n_samples=k) for k in (1, 2, 4, 8)}}
+VARIANTS = {
+    "awr": {},
+    **{f"awr --q-value --n-samples {k}": dict(q_value=True, n_samples=k) for k in (1, 2, 4, 8)},
+}
 
 
 def compiled(flags: dict):
@@ -61,7 +65,7 @@ def main():
     if args.no_write:
         return
     body = f"""
-Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with `.venv/bin/python bench/awr_cost.py --rounds {args.rounds}`:
+Measured {time.strftime("%Y-%m-%d %H:%M %Z")} with `.venv/bin/python bench/awr_cost.py --rounds {args.rounds}`:
 {machine()}, load average {load_start:.2f} / {os.getloadavg()[0]:.2f},
 jax {jax.__version__}. Fastest of {args.rounds} interleaved rounds of 10 epochs; defaults otherwise (8 envs x 128
 steps, a replay of 4 epochs, 32 critic and 32 policy steps of 256). Plain AWR evaluates V twice over the replay

@@ -2,7 +2,8 @@
 the same rollout plus a PPO update's forward and backward passes at its batch shapes.
 
     .venv/bin/python bench/ceiling.py --num-envs 5
-    .venv/bin/python bench/ceiling.py --num-envs 1024 --rollout 128 --update-epochs 4 --num-minibatches 4
+    .venv/bin/python bench/ceiling.py --num-envs 1024 --rollout 128 --update-epochs 4
+    --num-minibatches 4
 
 N environments stepped with vmap, the policy sampling an action from its
 logits each step, lax.scan over --num-steps steps in one compiled call. With
@@ -14,6 +15,7 @@ ppo_joint's update with nothing else (no advantages, no clipping, no
 optimiser state, no metrics). Prints one JSON line: compile_s and the median
 steady env steps/s over --reps calls.
 """
+
 import argparse
 import json
 import statistics
@@ -25,15 +27,22 @@ import jax.numpy as jnp
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--num-envs", type=int, default=5)
-    p.add_argument("--num-steps", type=int, default=20_000, help="steps per environment per timed call")
+    p.add_argument(
+        "--num-steps", type=int, default=20_000, help="steps per environment per timed call"
+    )
     p.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
-    p.add_argument("--reps", type=int, default=5, help="timed calls after compilation (median reported)")
+    p.add_argument(
+        "--reps", type=int, default=5, help="timed calls after compilation (median reported)"
+    )
     p.add_argument("--rollout", type=int, default=128, help="steps per environment between updates")
-    p.add_argument("--update-epochs", type=int, default=0, help="passes over each rollout (0: no update)")
+    p.add_argument(
+        "--update-epochs", type=int, default=0, help="passes over each rollout (0: no update)"
+    )
     p.add_argument("--num-minibatches", type=int, default=4)
     return p.parse_args()
 
@@ -45,8 +54,10 @@ def main():
     n_actions = env.action_space(env_params).n
     sizes = [obs_dim, *args.hidden, n_actions + 1]  # the logits and a value
     keys = jax.random.split(jax.random.PRNGKey(0), len(sizes))
-    params = [(jax.random.normal(k, (a, b)) / jnp.sqrt(a), jnp.zeros(b))
-              for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
+    params = [
+        (jax.random.normal(k, (a, b)) / jnp.sqrt(a), jnp.zeros(b))
+        for k, a, b in zip(keys, sizes[:-1], sizes[1:])
+    ]
 
     def net(params, obs):  # [N, obs_dim] -> [N, n_actions + 1]
         x = obs
@@ -79,14 +90,17 @@ def main():
 
     @jax.jit
     def rollout(key):
-        obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(key, args.num_envs), env_params)
+        obs, state = jax.vmap(env.reset, (0, None))(
+            jax.random.split(key, args.num_envs), env_params
+        )
 
         def step(carry, key):
             obs, state, total, params = carry
             act_key, step_key = jax.random.split(key)
             action = jax.random.categorical(act_key, net(params, obs)[:, :-1])
-            next_obs, state, reward, _, _, _ = step_envs(jax.random.split(step_key, args.num_envs), state,
-                                                         action, env_params)
+            next_obs, state, reward, _, _, _ = step_envs(
+                jax.random.split(step_key, args.num_envs), state, action, env_params
+            )
             return (next_obs, state, total + reward.sum(), params), (obs, action)
 
         def iteration(carry, key):  # --rollout steps, then the update's passes
@@ -96,7 +110,9 @@ def main():
             return carry, None
 
         carry = (obs, state, 0.0, params)
-        carry, _ = jax.lax.scan(iteration, carry, jax.random.split(key, args.num_steps // args.rollout))
+        carry, _ = jax.lax.scan(
+            iteration, carry, jax.random.split(key, args.num_steps // args.rollout)
+        )
         return carry[2]
 
     t0 = time.time()
@@ -108,8 +124,18 @@ def main():
         jax.block_until_ready(compiled(jax.random.PRNGKey(rep)))
         times.append(time.time() - t0)
     steps = args.num_envs * (args.num_steps // args.rollout * args.rollout)
-    print(json.dumps({"num_envs": args.num_envs, "update_epochs": args.update_epochs, "steps_per_call": steps, "compile_s": compile_s,
-                      "sps": steps / statistics.median(times), "sps_all": [steps / t for t in times]}))
+    print(
+        json.dumps(
+            {
+                "num_envs": args.num_envs,
+                "update_epochs": args.update_epochs,
+                "steps_per_call": steps,
+                "compile_s": compile_s,
+                "sps": steps / statistics.median(times),
+                "sps_all": [steps / t for t in times],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ exit). Each round runs, in this order and with seed SEED + round: ours cold
 one warm-up run before the first round). Prints a Markdown table and rewrites
 this benchmark's section of bench/RESULTS.md, leaving other sections alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,17 +31,24 @@ ROOT = Path(__file__).resolve().parent.parent
 PEER_PY = ROOT / "bench" / ".peer-venv" / "bin" / "python"
 SECTION = "## DQN (dqn_value) vs Rejax DQN, CartPole-v1"
 
-# Matched work: environments, replay size, batch size, gradient steps per env step, total env
-# steps, 64x64 network. Each side keeps its own tuned choices for the rest: Rejax's CartPole
-# config (configs/gymnax/cartpole.yaml in its repository: double DQN, dueling head, swish, Polyak
-# target 0.98 per iteration, epsilon 1 -> 0.05 over half the run, 5k random steps before the first
-# update, lr 1e-3 constant, element-wise gradient clip 10) and our script's defaults (plain head,
-# relu, hard target sync, epsilon 0.99^epoch down to 0.1, 3-step targets, global gradient-norm clip 1),
-# except lr: 1e-3 annealed, as measured (the script's default became 3e-4 over 150k steps later: lr 1e-3
+# Matched work: environments, replay size, batch size, gradient steps per env step, total env steps,
+# 64x64 network. Each side keeps its own tuned choices for the rest: Rejax's CartPole config
+# (configs/gymnax/cartpole.yaml in its repository: double DQN, dueling head, swish, Polyak target
+# 0.98 per iteration, epsilon 1 -> 0.05 over half the run, 5k random steps before the first update,
+# lr 1e-3 constant, element-wise gradient clip 10) and our script's defaults (plain head, relu, hard
+# target sync, epsilon 0.99^epoch down to 0.1, 3-step targets, global gradient-norm clip 1), except
+# lr: 1e-3 annealed, as measured (the script's default became 3e-4 over 150k steps later: lr 1e-3
 # over 100k reaches 475 in 3 seeds of 8).
-CONFIG = dict(num_envs=10, replay=50_000, batch_size=100, updates_per_env_step=0.5, total_steps=100_000,
-              gamma=0.99)
-OURS_EPOCH = dict(num_steps=10)  # env steps per env per epoch: 100 env steps and 50 gradient steps an epoch
+CONFIG = dict(
+    num_envs=10,
+    replay=50_000,
+    batch_size=100,
+    updates_per_env_step=0.5,
+    total_steps=100_000,
+    gamma=0.99,
+)
+# env steps per env per epoch: 100 env steps and 50 gradient steps an epoch
+OURS_EPOCH = dict(num_steps=10)
 REJAX_FILL = 5_000
 TARGETS = "our wall <= 0.8x Rejax; our return >= Rejax"
 
@@ -48,22 +56,70 @@ TARGETS = "our wall <= 0.8x Rejax; our return >= Rejax"
 def ours_cmd(seed: int, out_dir: Path, cold: bool) -> list[str]:
     c, steps = CONFIG, OURS_EPOCH["num_steps"]
     per_epoch = c["num_envs"] * steps
-    cmd = [sys.executable, "algos/dqn_value.py", "--env", "CartPole-v1", "--num-envs", str(c["num_envs"]),
-           "--num-steps", str(steps), "--update-steps", str(int(per_epoch * c["updates_per_env_step"])),
-           "--batch-size", str(c["batch_size"]), "--n-replay-epochs", str(c["replay"] // per_epoch),
-           "--total-steps", str(c["total_steps"]), "--gamma", str(c["gamma"]), "--hidden", "64", "64", "--lr", "1e-3",
-           "--n-devices", "1", "--eval-every", "0", "--eval-episodes", "32",
-           "--seed", str(seed), "--out-dir", str(out_dir)]
+    cmd = [
+        sys.executable,
+        "algos/dqn_value.py",
+        "--env",
+        "CartPole-v1",
+        "--num-envs",
+        str(c["num_envs"]),
+        "--num-steps",
+        str(steps),
+        "--update-steps",
+        str(int(per_epoch * c["updates_per_env_step"])),
+        "--batch-size",
+        str(c["batch_size"]),
+        "--n-replay-epochs",
+        str(c["replay"] // per_epoch),
+        "--total-steps",
+        str(c["total_steps"]),
+        "--gamma",
+        str(c["gamma"]),
+        "--hidden",
+        "64",
+        "64",
+        "--lr",
+        "1e-3",
+        "--n-devices",
+        "1",
+        "--eval-every",
+        "0",
+        "--eval-episodes",
+        "32",
+        "--seed",
+        str(seed),
+        "--out-dir",
+        str(out_dir),
+    ]
     return cmd + (["--no-compile-cache"] if cold else [])
 
 
 def rejax_cmd(seed: int) -> list[str]:
     c = CONFIG
-    return [str(PEER_PY), "bench/rejax_dqn.py", "--env", "CartPole-v1", "--num-envs", str(c["num_envs"]),
-            "--buffer-size", str(c["replay"]), "--fill-buffer", str(REJAX_FILL), "--batch-size",
-            str(c["batch_size"]), "--num-epochs", str(int(c["num_envs"] * c["updates_per_env_step"])),
-            "--total-timesteps", str(c["total_steps"]), "--gamma", str(c["gamma"]), "--eval-episodes", "32",
-            "--seed", str(seed)]
+    return [
+        str(PEER_PY),
+        "bench/rejax_dqn.py",
+        "--env",
+        "CartPole-v1",
+        "--num-envs",
+        str(c["num_envs"]),
+        "--buffer-size",
+        str(c["replay"]),
+        "--fill-buffer",
+        str(REJAX_FILL),
+        "--batch-size",
+        str(c["batch_size"]),
+        "--num-epochs",
+        str(int(c["num_envs"] * c["updates_per_env_step"])),
+        "--total-timesteps",
+        str(c["total_steps"]),
+        "--gamma",
+        str(c["gamma"]),
+        "--eval-episodes",
+        "32",
+        "--seed",
+        str(seed),
+    ]
 
 
 def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
@@ -71,33 +127,52 @@ def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     wall, _ = launch(ours_cmd(seed, out, cold), scratch / f"{out.name}.log", timeout)
     s = json.loads((out / "summary.json").read_text())
-    return {"wall": wall, "startup": wall - s["wall_time_s"], "compile": s["compile_time_s"],
-            "train": s["train_time_s"], "other": s["wall_time_s"] - s["compile_time_s"] - s["train_time_s"],
-            "sps": s["sps"], "ret": s["eval_return"],
-            "updates": s["epoch"] * int(CONFIG["num_envs"] * OURS_EPOCH["num_steps"] * CONFIG["updates_per_env_step"])}
+    return {
+        "wall": wall,
+        "startup": wall - s["wall_time_s"],
+        "compile": s["compile_time_s"],
+        "train": s["train_time_s"],
+        "other": s["wall_time_s"] - s["compile_time_s"] - s["train_time_s"],
+        "sps": s["sps"],
+        "ret": s["eval_return"],
+        "updates": s["epoch"]
+        * int(CONFIG["num_envs"] * OURS_EPOCH["num_steps"] * CONFIG["updates_per_env_step"]),
+    }
 
 
 def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
     wall, out = launch(rejax_cmd(seed), scratch / f"rejax-{seed}.log", timeout)
     r = json.loads(out.strip().splitlines()[-1])
-    return {"wall": wall, "startup": r["import_s"], "compile": r["compile_s"], "train": r["run_s"],
-            "other": wall - r["import_s"] - r["compile_s"] - r["run_s"], "sps": r["sps"],
-            "ret": r["eval_return"], "updates": r["updates"], "versions": r["versions"]}
+    return {
+        "wall": wall,
+        "startup": r["import_s"],
+        "compile": r["compile_s"],
+        "train": r["run_s"],
+        "other": wall - r["import_s"] - r["compile_s"] - r["run_s"],
+        "sps": r["sps"],
+        "ret": r["eval_return"],
+        "updates": r["updates"],
+        "versions": r["versions"],
+    }
 
 
 def table(sides: dict[str, list[dict]]) -> str:
-    rows = ["| side | wall s | import/startup s | compile s | train s | other s | steady SPS | gradient steps "
-            "| updates/s | greedy return |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| side | wall s | import/startup s | compile s | train s | other s | steady SPS | "
+        "gradient steps | updates/s | greedy return |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, runs in sides.items():
         rets = [r["ret"] for r in runs]
         rate = statistics.median(r["updates"] / r["train"] for r in runs)
         lo_hi = lambda k, f: f"{f(min(r[k] for r in runs))}-{f(max(r[k] for r in runs))}"  # noqa: E731
-        rows.append(f"| {name} | {med(runs, 'wall'):.1f} ({lo_hi('wall', '{:.1f}'.format)}) "
-                    f"| {med(runs, 'startup'):.2f} | {med(runs, 'compile'):.2f} | {med(runs, 'train'):.2f} "
-                    f"| {med(runs, 'other'):.2f} | {med(runs, 'sps'):,.0f} ({lo_hi('sps', '{:,.0f}'.format)}) "
-                    f"| {med(runs, 'updates'):,.0f} | {rate:,.0f} "
-                    f"| {statistics.mean(rets):.1f} ({', '.join(f'{x:.0f}' for x in rets)}) |")
+        rows.append(
+            f"| {name} | {med(runs, 'wall'):.1f} ({lo_hi('wall', '{:.1f}'.format)}) | {med(runs, 'startup'):.2f} "
+            f"| {med(runs, 'compile'):.2f} | {med(runs, 'train'):.2f} | {med(runs, 'other'):.2f} | "
+            f"{med(runs, 'sps'):,.0f} ({lo_hi('sps', '{:,.0f}'.format)}) | {med(runs, 'updates'):,.0f} "
+            f"| {rate:,.0f} | {statistics.mean(rets):.1f} ({', '.join(f'{x:.0f}' for x in rets)}) "
+            "|"
+        )
     return "\n".join(rows)
 
 
@@ -105,32 +180,64 @@ def verdicts(sides: dict[str, list[dict]]) -> str:
     cold, warm, rejax = sides["ours, cold"], sides["ours, warm cache"], sides["Rejax"]
     ret_o, ret_r = statistics.mean(r["ret"] for r in cold), statistics.mean(r["ret"] for r in rejax)
     checks = [
-        ("total wall time, ours cold / Rejax", med(cold, "wall") / med(rejax, "wall"), "<= 0.80",
-         med(cold, "wall") <= 0.8 * med(rejax, "wall")),
-        ("total wall time, ours warm / Rejax (secondary)", med(warm, "wall") / med(rejax, "wall"), "<= 0.80",
-         med(warm, "wall") <= 0.8 * med(rejax, "wall")),
-        ("steady SPS, ours cold / Rejax", med(cold, "sps") / med(rejax, "sps"), "(reported)",
-         med(cold, "sps") >= med(rejax, "sps")),
-        (f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})", ret_o - ret_r, ">= 0", ret_o >= ret_r),
+        (
+            "total wall time, ours cold / Rejax",
+            med(cold, "wall") / med(rejax, "wall"),
+            "<= 0.80",
+            med(cold, "wall") <= 0.8 * med(rejax, "wall"),
+        ),
+        (
+            "total wall time, ours warm / Rejax (secondary)",
+            med(warm, "wall") / med(rejax, "wall"),
+            "<= 0.80",
+            med(warm, "wall") <= 0.8 * med(rejax, "wall"),
+        ),
+        (
+            "steady SPS, ours cold / Rejax",
+            med(cold, "sps") / med(rejax, "sps"),
+            "(reported)",
+            med(cold, "sps") >= med(rejax, "sps"),
+        ),
+        (
+            f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})",
+            ret_o - ret_r,
+            ">= 0",
+            ret_o >= ret_r,
+        ),
     ]
     rows = ["| ratio | value | target | met |", "|---|---:|---:|---|"]
-    rows += [f"| {name} | {value:.2f} | {target} | {'**yes**' if ok else '**NO**'} |"
-             for name, value, target, ok in checks]
+    rows += [
+        f"| {name} | {value:.2f} | {target} | {'**yes**' if ok else '**NO**'} |"
+        for name, value, target, ok in checks
+    ]
     primary = [("wall time", checks[0][3]), ("return", checks[3][3])]
-    rows.append(f"\nPrimary targets (cold) met: {', '.join(n for n, ok in primary if ok) or 'none'}. "
-                f"Not met: {', '.join(n for n, ok in primary if not ok) or 'none'}.")
+    rows.append(
+        f"\nPrimary targets (cold) met: {', '.join(n for n, ok in primary if ok) or 'none'}. "
+        f"Not met: {', '.join(n for n, ok in primary if not ok) or 'none'}."
+    )
     return "\n".join(rows)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--runs", type=int, default=2, help="runs per side (rounds), each with its own seed")
-    p.add_argument("--seed", type=int, default=0, help="seed of the first round (round i uses SEED + i)")
-    p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update")
-    p.add_argument("--no-write", action="store_true", help="print the table only, leave RESULTS.md alone")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--runs", type=int, default=2, help="runs per side (rounds), each with its own seed"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the first round (round i uses SEED + i)"
+    )
+    p.add_argument(
+        "--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update"
+    )
+    p.add_argument(
+        "--no-write", action="store_true", help="print the table only, leave RESULTS.md alone"
+    )
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per subprocess")
-    p.add_argument("--keep", action="store_true", help="keep the scratch directory (run dirs and logs)")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the scratch directory (run dirs and logs)"
+    )
     args = p.parse_args()
     if not PEER_PY.exists():
         sys.exit(f"no peer venv at {PEER_PY}: run bench/setup_peer.sh first")
@@ -145,9 +252,14 @@ def main():
         sides["ours, cold"].append(run_ours(seed, scratch, cold=True, timeout=args.timeout))
         sides["Rejax"].append(run_rejax(seed, scratch, args.timeout))
         sides["ours, warm cache"].append(run_ours(seed, scratch, cold=False, timeout=args.timeout))
-        print(f"round {i + 1}/{args.runs}: " + ", ".join(
-            f"{k} {v[-1]['wall']:.1f} s / {v[-1]['sps']:,.0f} sps / return {v[-1]['ret']:.0f}"
-            for k, v in sides.items()), flush=True)
+        print(
+            f"round {i + 1}/{args.runs}: "
+            + ", ".join(
+                f"{k} {v[-1]['wall']:.1f} s / {v[-1]['sps']:,.0f} sps / return {v[-1]['ret']:.0f}"
+                for k, v in sides.items()
+            ),
+            flush=True,
+        )
     load = f"{load_start:.2f} / {os.getloadavg()[0]:.2f}"
 
     tbl, ver = table(sides), verdicts(sides)
@@ -156,24 +268,28 @@ def main():
         shutil.rmtree(scratch)
     if args.no_write:
         return
-    rel = lambda cmd: " ".join(str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c  # noqa: E731
-                               for c in cmd).replace(sys.executable, ".venv/bin/python")
+
+    def rel(cmd):
+        return " ".join(
+            str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c for c in cmd
+        ).replace(sys.executable, ".venv/bin/python")
+
     c = CONFIG
     head = commit("algos/dqn_value.py", "common/")
     rejax = ", ".join(f"{k} {v}" for k, v in sides["Rejax"][0]["versions"].items())
     body = f"""
-Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with
+Measured {time.strftime("%Y-%m-%d %H:%M %Z")} with
 `.venv/bin/python bench/dqn.py --runs {args.runs} --seed {args.seed}`.
 
 - Machine: {machine()}; load average at start/end: {load}
-- Ours: Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit {head}
+- Ours: Python {platform.python_version()}, jax {md.version("jax")}, gymnax {md.version("gymnax")}, commit {head}
 - Rejax: {rejax} (bench/.peer-venv)
 
-Matched work: {c['num_envs']} envs, replay of {c['replay']:,} transitions sampled uniformly, batch {c['batch_size']},
-{c['updates_per_env_step']} gradient steps per env step (ours: epochs of {OURS_EPOCH['num_steps']} steps x
-{c['num_envs']} envs then {int(c['num_envs'] * OURS_EPOCH['num_steps'] * c['updates_per_env_step'])} gradient steps;
-Rejax: {int(c['num_envs'] * c['updates_per_env_step'])} gradient steps after each step of the {c['num_envs']} envs),
-{c['total_steps']:,} env steps, 64x64 network, gamma {c['gamma']}; no evaluation during training on either
+Matched work: {c["num_envs"]} envs, replay of {c["replay"]:,} transitions sampled uniformly, batch {c["batch_size"]},
+{c["updates_per_env_step"]} gradient steps per env step (ours: epochs of {OURS_EPOCH["num_steps"]} steps x
+{c["num_envs"]} envs then {int(c["num_envs"] * OURS_EPOCH["num_steps"] * c["updates_per_env_step"])} gradient steps;
+Rejax: {int(c["num_envs"] * c["updates_per_env_step"])} gradient steps after each step of the {c["num_envs"]} envs),
+{c["total_steps"]:,} env steps, 64x64 network, gamma {c["gamma"]}; no evaluation during training on either
 side. Everything else is each side's own tuned choice: Rejax's CartPole config (double DQN, dueling head, swish,
 Polyak target 0.98 after every iteration, epsilon 1 -> 0.05 linearly over half the run, {REJAX_FILL:,} random-action
 steps before its first update, lr 1e-3 constant, element-wise gradient clip 10), ours the script's defaults
@@ -184,9 +300,9 @@ one after the other; one warm-up run of ours fills the cache first.
 Commands (SEED = round seed):
 
 ```
-{rel(ours_cmd(0, Path('/tmp/bench-dqn/ours-SEED'), cold=True)).replace('--seed 0', '--seed SEED')}
-{rel(ours_cmd(0, Path('/tmp/bench-dqn/ours-SEED'), cold=False)).replace('--seed 0', '--seed SEED')}   # warm cache
-{rel(rejax_cmd(0)).replace('--seed 0', '--seed SEED')}
+{rel(ours_cmd(0, Path("/tmp/bench-dqn/ours-SEED"), cold=True)).replace("--seed 0", "--seed SEED")}
+{rel(ours_cmd(0, Path("/tmp/bench-dqn/ours-SEED"), cold=False)).replace("--seed 0", "--seed SEED")}   # warm cache
+{rel(rejax_cmd(0)).replace("--seed 0", "--seed SEED")}
 ```
 
 Medians over {args.runs} runs, (min-max) in brackets; return: mean over runs, per-run values in brackets.
@@ -204,11 +320,11 @@ Targets ({TARGETS}); the primary comparison is ours cold:
 {ver}
 
 Why the gap: Rejax draws every batch with `jax.random.choice(..., replace=False, p=...)` over the whole
-{c['replay']:,}-slot buffer (a weighted draw without replacement over all slots, at each of its gradient steps;
+{c["replay"]:,}-slot buffer (a weighted draw without replacement over all slots, at each of its gradient steps;
 measured alone on this machine under similar load: ~0.8 ms per batch of 100, against ~0.01 ms for a uniform
-`randint` draw and gather), and interleaves one vectorized env step with {int(c['num_envs'] * c['updates_per_env_step'])} updates inside a
+`randint` draw and gather), and interleaves one vectorized env step with {int(c["num_envs"] * c["updates_per_env_step"])} updates inside a
 `fori_loop` and a `lax.cond`. Ours draws all of an epoch's batches at once (uniform, with replacement, over
-the filled rows) before a `lax.scan` of {int(c['num_envs'] * OURS_EPOCH['num_steps'] * c['updates_per_env_step'])}
+the filled rows) before a `lax.scan` of {int(c["num_envs"] * OURS_EPOCH["num_steps"] * c["updates_per_env_step"])}
 gradient steps, and keeps the optimiser state as one flat vector (`optax.flatten`).
 
 Differences that remain in the matched work:

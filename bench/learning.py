@@ -1,9 +1,9 @@
 """The long learning checks: each script's defaults at their full budget reach the task's goal.
 
-Run with `python -m pytest -q bench/learning.py` (about 25 minutes on 2 cores). CI does not run this file:
-tests/test_learning.py trains every script for a short budget and asserts a return far above a random
-policy's; bench/SUITE.md has 8 seeds of every script on every task of the gymnax suite.
-"""
+Run with `python -m pytest -q bench/learning.py` (about 25 minutes on 2 cores). CI does not run this
+file: tests/test_learning.py trains every script for a short budget and asserts a return far above a
+random policy's; bench/SUITE.md has 8 seeds of every script on every task of the gymnax suite."""
+
 import importlib
 import os
 import sys
@@ -12,13 +12,16 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import run  # noqa: E402
+from common import run
 
 
 def train(script, tmp_path, **flags):
-    """The summary of a run of `script` with the defaults and `flags` on one device, evaluated at the end."""
+    """The summary of a run of `script` with the defaults and `flags` on one device, evaluated at
+    the end."""
     module = importlib.import_module(f"algos.{script}")
-    config = module.Config(**{"seed": 0, "n_devices": 1, "eval_every": 0, "out_dir": str(tmp_path), **flags})
+    config = module.Config(
+        **{"seed": 0, "n_devices": 1, "eval_every": 0, "out_dir": str(tmp_path), **flags}
+    )
     return run.train(config, module.make_trainer, script).summary
 
 
@@ -34,8 +37,11 @@ CARTPOLE = [  # script, flags, what the mean must reach
 ]
 
 
-@pytest.mark.parametrize("script, flags, goal", CARTPOLE,
-                         ids=[f"{s}-{'-'.join(f'{k}={v}' for k, v in f.items())}" for s, f, _ in CARTPOLE])
+@pytest.mark.parametrize(
+    "script, flags, goal",
+    CARTPOLE,
+    ids=[f"{s}-{'-'.join(f'{k}={v}' for k, v in f.items())}" for s, f, _ in CARTPOLE],
+)
 def test_cartpole_at_full_budget(tmp_path, script, flags, goal):
     summary = train(script, tmp_path, **flags)
     assert summary["eval_return"] >= goal, summary
@@ -44,11 +50,11 @@ def test_cartpole_at_full_budget(tmp_path, script, flags, goal):
 def test_awr_headline_command_learns_cartpole_on_every_seed(tmp_path):
     """`awr.py --q-value --n-samples 4`, 8 seeds in one program: every seed reaches 475.
 
-    Sampling K = 4 of CartPole's 2 actions left seed 9 of these stuck at return 9 (a near-deterministic
-    behaviour policy gives 4 copies of one action, so every A_k is 0); K >= 2 now enumerates the actions.
-    With --beta 1, seed 9 stayed near 10 until 300k steps and seed 8 fell from 500 to 130 in the last
-    40k (rounding differences alone moved it); --beta 2 is the default.
-    """
+    Sampling K = 4 of CartPole's 2 actions left seed 9 of these stuck at return 9 (a
+    near-deterministic behaviour policy gives 4 copies of one action, so every A_k is 0); K >= 2
+    now enumerates the actions. With --beta 1, seed 9 stayed near 10 until 300k steps and seed 8
+    fell from 500 to 130 in the last 40k (rounding differences alone moved it); --beta 2 is the
+    default."""
     summary = train("awr", tmp_path, q_value=True, n_samples=4, seed=100, num_seeds=8)
     assert min(summary["eval_return_per_seed"]) >= 475, summary["eval_return_per_seed"]
 
@@ -69,11 +75,11 @@ def test_awr_learns_pendulum_with_the_defaults(tmp_path):
 # Memory matters on CartPoleNoVel-v1
 # ----------------------------------------------------------------------------
 def test_transformer_beats_a_memoryless_policy(tmp_path):
-    """Same flags and budget (the defaults: 200k steps); --context-len 1 sees only the current (x, theta).
+    """Same flags and budget (the defaults: 200k steps); --context-len 1 sees only the current (x,
+    theta).
 
-    Measured at --context-len 4: seed 0 reaches 499, the memory-less net 43 (seeds 1-3 of the Transformer: 421,
-    250, 203); at 8, the default now, bench/SUITE.md has 8 seeds of it.
-    """
+    Measured at --context-len 4: seed 0 reaches 499, the memory-less net 43 (seeds 1-3 of the
+    Transformer: 421, 250, 203); at 8, the default now, bench/SUITE.md has 8 seeds of it."""
     transformer = train("skip_transformer", tmp_path / "t")
     memoryless = train("skip_transformer", tmp_path / "m", context_len=1)
     assert memoryless["eval_return"] <= 60, memoryless
@@ -84,23 +90,43 @@ def test_transformer_beats_a_memoryless_policy(tmp_path):
 # The defaults on other tasks of the gymnax suite
 # ----------------------------------------------------------------------------
 OTHER_TASKS = [  # script, its flags, task, budget, what every seed must reach
-    # before --normalize-reward: 4 of 8 suite seeds at -500 (the value targets near -100 saturated the
-    # shared tanh torso)
+    # before --normalize-reward: 4 of 8 suite seeds at -500 (the value targets near -100 saturated
+    # the shared tanh torso)
     ("ppo_joint", {}, "Acrobot-v1", 500_000, -100.0),
     # continuous actions with the same defaults (the README's Pendulum command had 6 flags more)
     ("ppo_joint", {}, "Pendulum-v1", 300_000, -200.0),
-    # the headline command, K = 4 actions drawn from the recorded Gaussian: at 32 critic steps, 5 of 8 seeds < -500
+    # the headline command, K = 4 actions drawn from the recorded Gaussian: at 32 critic steps, 5 of
+    # 8 seeds < -500
     ("awr", dict(q_value=True, n_samples=4), "Pendulum-v1", 300_000, -200.0),
-    ("actor_critic", {}, "Catch-bsuite", 100_000, 0.99),  # a2c's --policy-lr 7e-3: at 2.5e-3, 0.44 to 1
-    ("skip_transformer", {}, "MemoryChain-bsuite", 150_000, 0.99),  # --context-len 8 sees the cue (4: about 0)
-    # image observations through the conv torso (--torso auto); a uniformly random policy scores 0.2-0.7
+    # a2c's --policy-lr 7e-3: at 2.5e-3, 0.44 to 1
+    (
+        "actor_critic",
+        {},
+        "Catch-bsuite",
+        100_000,
+        0.99,
+    ),
+    # --context-len 8 sees the cue (4: about 0)
+    (
+        "skip_transformer",
+        {},
+        "MemoryChain-bsuite",
+        150_000,
+        0.99,
+    ),
+    # image observations through the conv torso (--torso auto); a uniformly random policy scores
+    # 0.2-0.7
     ("ppo_joint", {}, "Breakout-MinAtar", 100_000, 3.0),
 ]
 
 
-@pytest.mark.parametrize("script, flags, task, budget, goal", OTHER_TASKS,
-                         ids=[f"{s}-{'-'.join(f)}-{t}" if f else f"{s}-{t}" for s, f, t, _, _ in OTHER_TASKS])
+@pytest.mark.parametrize(
+    "script, flags, task, budget, goal",
+    OTHER_TASKS,
+    ids=[f"{s}-{'-'.join(f)}-{t}" if f else f"{s}-{t}" for s, f, t, _, _ in OTHER_TASKS],
+)
 def test_defaults_learn_another_task_on_every_seed(tmp_path, script, flags, task, budget, goal):
-    """The script's defaults with only the task (and its suite budget) given, 2 seeds in one program."""
+    """The script's defaults with only the task (and its suite budget) given, 2 seeds in one
+    program."""
     summary = train(script, tmp_path, **flags, env=task, total_steps=budget, num_seeds=2)
     assert min(summary["eval_return_per_seed"]) >= goal, summary["eval_return_per_seed"]

@@ -1,7 +1,8 @@
 """Where a process's seconds go: runs a script under timers and writes one JSON object of phases.
 
     python bench/phases.py OUT.json --import jax,common.run -- algos/ppo_joint.py --seed 0 ...
-    bench/.peer-venv/bin/python bench/phases.py OUT.json --import jax,rejax -- bench/rejax_ppo.py ...
+    bench/.peer-venv/bin/python bench/phases.py OUT.json --import jax,rejax -- bench/rejax_ppo.py
+    ...
 
 Phases, in seconds: `import` (the modules named, imported before the script
 runs), `devices` (jax.devices(): the backend set up), and `script` (the
@@ -13,6 +14,7 @@ imported) also the wall time of `prepare`, `compile_programs`, every
 `evaluate` and `save_checkpoint` call. `t0` and `t_end` (time.time()) let a
 driver that timed the whole process find the interpreter's start-up.
 """
+
 import time
 
 T0 = time.time()
@@ -27,13 +29,16 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
-          "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
-          "/jax/core/compile/backend_compile_duration": "compile"}
+EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "trace",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+    "/jax/core/compile/backend_compile_duration": "compile",
+}
 
 
 def timed(phases: dict, name: str, fn):
     """fn, adding the seconds of each call to phases[name]."""
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         start = time.time()
@@ -41,13 +46,16 @@ def timed(phases: dict, name: str, fn):
             return fn(*args, **kwargs)
         finally:
             phases[name] = phases.get(name, 0.0) + time.time() - start
+
     return wrapper
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
-    p.add_argument("--import", dest="modules", default="jax", help="comma-separated modules to import first")
+    p.add_argument(
+        "--import", dest="modules", default="jax", help="comma-separated modules to import first"
+    )
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     args = p.parse_args()

@@ -11,6 +11,7 @@ one warm-up run before the first round) and the throughput ceiling
 (bench/ceiling.py). Prints a Markdown table and rewrites this benchmark's section
 of bench/RESULTS.md, leaving other sections alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,33 +38,106 @@ SECTION = "## PPO (ppo_joint) vs Rejax PPO, CartPole-v1"
 # value coefficient 0.5, advantages normalised, constant lr) and our script's defaults
 # (lr 2.5e-3 annealed, entropy 0, value coefficient 0.25), each tuned for its own network
 # (Rejax: separate actor and critic; ours: one shared torso with two heads).
-CONFIG = dict(num_envs=5, num_steps=100, update_epochs=5, num_minibatches=5, total_steps=100_000,
-              gamma=0.99, gae_lambda=0.95, clip_eps=0.2, max_grad_norm=0.5)
+CONFIG = dict(
+    num_envs=5,
+    num_steps=100,
+    update_epochs=5,
+    num_minibatches=5,
+    total_steps=100_000,
+    gamma=0.99,
+    gae_lambda=0.95,
+    clip_eps=0.2,
+    max_grad_norm=0.5,
+)
 REJAX_HPARAMS = dict(lr=7.5e-4, ent_coef=0.01, vf_coef=0.5)
 TARGETS = "our wall <= 0.8x Rejax; our steady SPS >= 1.25x Rejax; our return >= Rejax; our SPS >= 0.5x ceiling"
 
 
 def ours_cmd(seed: int, out_dir: Path, cold: bool) -> list[str]:
     c = CONFIG
-    cmd = [sys.executable, "algos/ppo_joint.py", "--env", "CartPole-v1", "--num-envs", str(c["num_envs"]),
-           "--num-steps", str(c["num_steps"]), "--update-epochs", str(c["update_epochs"]),
-           "--num-minibatches", str(c["num_minibatches"]), "--total-steps", str(c["total_steps"]),
-           "--gamma", str(c["gamma"]), "--gae-lambda", str(c["gae_lambda"]), "--clip-eps", str(c["clip_eps"]),
-           "--max-grad-norm", str(c["max_grad_norm"]), "--hidden", "64", "64",
-           "--activation", "tanh", "--n-devices", "1", "--eval-every", "0", "--eval-episodes", "32",
-           "--seed", str(seed), "--out-dir", str(out_dir)]
+    cmd = [
+        sys.executable,
+        "algos/ppo_joint.py",
+        "--env",
+        "CartPole-v1",
+        "--num-envs",
+        str(c["num_envs"]),
+        "--num-steps",
+        str(c["num_steps"]),
+        "--update-epochs",
+        str(c["update_epochs"]),
+        "--num-minibatches",
+        str(c["num_minibatches"]),
+        "--total-steps",
+        str(c["total_steps"]),
+        "--gamma",
+        str(c["gamma"]),
+        "--gae-lambda",
+        str(c["gae_lambda"]),
+        "--clip-eps",
+        str(c["clip_eps"]),
+        "--max-grad-norm",
+        str(c["max_grad_norm"]),
+        "--hidden",
+        "64",
+        "64",
+        "--activation",
+        "tanh",
+        "--n-devices",
+        "1",
+        "--eval-every",
+        "0",
+        "--eval-episodes",
+        "32",
+        "--seed",
+        str(seed),
+        "--out-dir",
+        str(out_dir),
+    ]
     return cmd + (["--no-compile-cache"] if cold else [])
 
 
 def rejax_cmd(seed: int) -> list[str]:
     c = CONFIG
-    return [str(PEER_PY), "bench/rejax_ppo.py", "--env", "CartPole-v1", "--num-envs", str(c["num_envs"]),
-            "--num-steps", str(c["num_steps"]), "--num-epochs", str(c["update_epochs"]),
-            "--num-minibatches", str(c["num_minibatches"]), "--lr", str(REJAX_HPARAMS["lr"]),
-            "--total-timesteps", str(c["total_steps"]), "--hidden", "64", "64", "--activation", "tanh",
-            "--gamma", str(c["gamma"]), "--gae-lambda", str(c["gae_lambda"]), "--clip-eps", str(c["clip_eps"]),
-            "--ent-coef", str(REJAX_HPARAMS["ent_coef"]), "--vf-coef", str(REJAX_HPARAMS["vf_coef"]),
-            "--max-grad-norm", str(c["max_grad_norm"]), "--eval-episodes", "32", "--seed", str(seed)]
+    return [
+        str(PEER_PY),
+        "bench/rejax_ppo.py",
+        "--env",
+        "CartPole-v1",
+        "--num-envs",
+        str(c["num_envs"]),
+        "--num-steps",
+        str(c["num_steps"]),
+        "--num-epochs",
+        str(c["update_epochs"]),
+        "--num-minibatches",
+        str(c["num_minibatches"]),
+        "--lr",
+        str(REJAX_HPARAMS["lr"]),
+        "--total-timesteps",
+        str(c["total_steps"]),
+        "--hidden",
+        "64",
+        "64",
+        "--activation",
+        "tanh",
+        "--gamma",
+        str(c["gamma"]),
+        "--gae-lambda",
+        str(c["gae_lambda"]),
+        "--clip-eps",
+        str(c["clip_eps"]),
+        "--ent-coef",
+        str(REJAX_HPARAMS["ent_coef"]),
+        "--vf-coef",
+        str(REJAX_HPARAMS["vf_coef"]),
+        "--max-grad-norm",
+        str(c["max_grad_norm"]),
+        "--eval-episodes",
+        "32",
+        "--seed",
+        str(seed),
+    ]
 
 
 def ceiling_cmd() -> list[str]:
@@ -78,8 +152,13 @@ def under_phases(cmd: list[str], out: Path, modules: str) -> list[str]:
 def phases_of(path: Path, wall: float) -> dict:
     ph = json.loads(path.read_text())
     programs = ph["programs"].values()
-    return {"startup": wall - (ph["t_end"] - ph["t0"]), "import": ph["import"], "devices": ph["devices"],
-            **{k: sum(p.get(k, 0.0) for p in programs) for k in ("trace", "lower", "compile")}, "raw": ph}
+    return {
+        "startup": wall - (ph["t_end"] - ph["t0"]),
+        "import": ph["import"],
+        "devices": ph["devices"],
+        **{k: sum(p.get(k, 0.0) for p in programs) for k in ("trace", "lower", "compile")},
+        "raw": ph,
+    }
 
 
 def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
@@ -90,50 +169,110 @@ def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
     s = json.loads((out / "summary.json").read_text())
     ph = phases_of(scratch / f"{out.name}.json", wall)
     raw = ph.pop("raw")
-    split = {"prepare": raw["prepare"], "programs": raw["compile_programs"], "init": s["compile_time_s"] -
-             raw["compile_programs"], "evaluate": raw.get("evaluate", 0.0), "checkpoint": raw.get("checkpoint", 0.0)}
-    other = wall - ph["startup"] - ph["import"] - ph["devices"] - sum(split.values()) - s["train_time_s"]
-    return {"wall": wall, **ph, **split, "train": s["train_time_s"], "other": other,
-            "compile_wall": s["compile_time_s"], "sps": s["sps"], "ret": s["eval_return"]}
+    split = {
+        "prepare": raw["prepare"],
+        "programs": raw["compile_programs"],
+        "init": s["compile_time_s"] - raw["compile_programs"],
+        "evaluate": raw.get("evaluate", 0.0),
+        "checkpoint": raw.get("checkpoint", 0.0),
+    }
+    other = (
+        wall
+        - ph["startup"]
+        - ph["import"]
+        - ph["devices"]
+        - sum(split.values())
+        - s["train_time_s"]
+    )
+    return {
+        "wall": wall,
+        **ph,
+        **split,
+        "train": s["train_time_s"],
+        "other": other,
+        "compile_wall": s["compile_time_s"],
+        "sps": s["sps"],
+        "ret": s["eval_return"],
+    }
 
 
 def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
     path = scratch / f"rejax-{seed}.json"
-    wall, out = launch(under_phases(rejax_cmd(seed), path, "jax,rejax"), scratch / f"rejax-{seed}.log", timeout)
+    wall, out = launch(
+        under_phases(rejax_cmd(seed), path, "jax,rejax"), scratch / f"rejax-{seed}.log", timeout
+    )
     r = json.loads(out.strip().splitlines()[-1])
     ph = phases_of(path, wall)
     script = ph.pop("raw")["script"]
-    split = {"prepare": script - r["compile_s"] - r["run_s"] - r["eval_s"], "programs": r["compile_s"], "init": 0.0,
-             "evaluate": r["eval_s"], "checkpoint": 0.0}
+    split = {
+        "prepare": script - r["compile_s"] - r["run_s"] - r["eval_s"],
+        "programs": r["compile_s"],
+        "init": 0.0,
+        "evaluate": r["eval_s"],
+        "checkpoint": 0.0,
+    }
     other = wall - ph["startup"] - ph["import"] - ph["devices"] - sum(split.values()) - r["run_s"]
-    return {"wall": wall, **ph, **split, "train": r["run_s"], "other": other, "compile_wall": r["compile_s"],
-            "sps": r["sps"], "ret": r["eval_return"], "versions": r["versions"]}
+    return {
+        "wall": wall,
+        **ph,
+        **split,
+        "train": r["run_s"],
+        "other": other,
+        "compile_wall": r["compile_s"],
+        "sps": r["sps"],
+        "ret": r["eval_return"],
+        "versions": r["versions"],
+    }
 
 
-BREAKDOWN = ["startup", "import", "devices", "prepare", "programs", "init", "train", "evaluate", "checkpoint", "other"]
+BREAKDOWN = [
+    "startup",
+    "import",
+    "devices",
+    "prepare",
+    "programs",
+    "init",
+    "train",
+    "evaluate",
+    "checkpoint",
+    "other",
+]
 
 
 def breakdown(sides: dict[str, list[dict]]) -> str:
-    """Median seconds of each phase of the wall time, and the trace / lower / XLA compile seconds summed."""
-    rows = ["| side | wall s | " + " | ".join(BREAKDOWN) + " | trace / lower / XLA compile (summed) |",
-            "|---|" + "---:|" * (len(BREAKDOWN) + 2)]
+    """Median seconds of each phase of the wall time, and the trace / lower / XLA compile seconds
+    summed."""
+    rows = [
+        "| side | wall s | " + " | ".join(BREAKDOWN) + " | trace / lower / XLA compile (summed) |",
+        "|---|" + "---:|" * (len(BREAKDOWN) + 2),
+    ]
     for name, runs in sides.items():
-        rows.append(f"| {name} | {med(runs, 'wall'):.2f} | " + " | ".join(f"{med(runs, k):.2f}" for k in BREAKDOWN)
-                    + f" | {med(runs, 'trace'):.2f} / {med(runs, 'lower'):.2f} / {med(runs, 'compile'):.2f} |")
+        rows.append(
+            f"| {name} | {med(runs, 'wall'):.2f} | "
+            + " | ".join(f"{med(runs, k):.2f}" for k in BREAKDOWN)
+            + f" | {med(runs, 'trace'):.2f} / {med(runs, 'lower'):.2f} / {med(runs, 'compile'):.2f} |"
+        )
     return "\n".join(rows)
 
 
 def table(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
-    rows = ["| side | wall s | compile s | train s | steady SPS | greedy return |", "|---|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| side | wall s | compile s | train s | steady SPS | greedy return |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, runs in sides.items():
         rets = [r["ret"] for r in runs]
         lo_hi = lambda k, f: f"{f(min(r[k] for r in runs))}-{f(max(r[k] for r in runs))}"  # noqa: E731
-        rows.append(f"| {name} | {med(runs, 'wall'):.1f} ({lo_hi('wall', '{:.1f}'.format)}) "
-                    f"| {med(runs, 'compile_wall'):.2f} | {med(runs, 'train'):.2f} "
-                    f"| {med(runs, 'sps'):,.0f} ({lo_hi('sps', '{:,.0f}'.format)}) "
-                    f"| {statistics.mean(rets):.1f} ({', '.join(f'{x:.0f}' for x in rets)}) |")
-    rows.append(f"| ceiling (bare rollout, {CONFIG['num_envs']} envs) | | | "
-                f"| {statistics.median(ceiling):,.0f} ({min(ceiling):,.0f}-{max(ceiling):,.0f}) | |")
+        rows.append(
+            f"| {name} | {med(runs, 'wall'):.1f} ({lo_hi('wall', '{:.1f}'.format)}) "
+            f"| {med(runs, 'compile_wall'):.2f} | {med(runs, 'train'):.2f} "
+            f"| {med(runs, 'sps'):,.0f} ({lo_hi('sps', '{:,.0f}'.format)}) "
+            f"| {statistics.mean(rets):.1f} ({', '.join(f'{x:.0f}' for x in rets)}) |"
+        )
+    rows.append(
+        f"| ceiling (bare rollout, {CONFIG['num_envs']} envs) | | | "
+        f"| {statistics.median(ceiling):,.0f} ({min(ceiling):,.0f}-{max(ceiling):,.0f}) | |"
+    )
     return "\n".join(rows)
 
 
@@ -142,37 +281,78 @@ def verdicts(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
     ceil = statistics.median(ceiling)
     ret_o, ret_r = statistics.mean(r["ret"] for r in cold), statistics.mean(r["ret"] for r in rejax)
     checks = [
-        ("total wall time, ours cold / Rejax", med(cold, "wall") / med(rejax, "wall"), "<= 0.80",
-         med(cold, "wall") <= 0.8 * med(rejax, "wall")),
-        ("total wall time, ours warm / Rejax (secondary)", med(warm, "wall") / med(rejax, "wall"), "<= 0.80",
-         med(warm, "wall") <= 0.8 * med(rejax, "wall")),
-        ("steady SPS, ours cold / Rejax", med(cold, "sps") / med(rejax, "sps"), ">= 1.25",
-         med(cold, "sps") >= 1.25 * med(rejax, "sps")),
-        ("steady SPS, ours warm / Rejax (secondary)", med(warm, "sps") / med(rejax, "sps"), ">= 1.25",
-         med(warm, "sps") >= 1.25 * med(rejax, "sps")),
-        (f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})", ret_o - ret_r, ">= 0", ret_o >= ret_r),
-        ("steady SPS, ours cold / ceiling", med(cold, "sps") / ceil, ">= 0.50", med(cold, "sps") >= 0.5 * ceil),
+        (
+            "total wall time, ours cold / Rejax",
+            med(cold, "wall") / med(rejax, "wall"),
+            "<= 0.80",
+            med(cold, "wall") <= 0.8 * med(rejax, "wall"),
+        ),
+        (
+            "total wall time, ours warm / Rejax (secondary)",
+            med(warm, "wall") / med(rejax, "wall"),
+            "<= 0.80",
+            med(warm, "wall") <= 0.8 * med(rejax, "wall"),
+        ),
+        (
+            "steady SPS, ours cold / Rejax",
+            med(cold, "sps") / med(rejax, "sps"),
+            ">= 1.25",
+            med(cold, "sps") >= 1.25 * med(rejax, "sps"),
+        ),
+        (
+            "steady SPS, ours warm / Rejax (secondary)",
+            med(warm, "sps") / med(rejax, "sps"),
+            ">= 1.25",
+            med(warm, "sps") >= 1.25 * med(rejax, "sps"),
+        ),
+        (
+            f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})",
+            ret_o - ret_r,
+            ">= 0",
+            ret_o >= ret_r,
+        ),
+        (
+            "steady SPS, ours cold / ceiling",
+            med(cold, "sps") / ceil,
+            ">= 0.50",
+            med(cold, "sps") >= 0.5 * ceil,
+        ),
     ]
     rows = ["| ratio | value | target | met |", "|---|---:|---:|---|"]
-    rows += [f"| {name} | {value:.2f} | {target} | {'**yes**' if ok else '**NO**'} |"
-             for name, value, target, ok in checks]
+    rows += [
+        f"| {name} | {value:.2f} | {target} | {'**yes**' if ok else '**NO**'} |"
+        for name, value, target, ok in checks
+    ]
     short = ["wall time", None, "steady SPS vs Rejax", None, "return", "SPS vs ceiling"]
     met = [s for s, c in zip(short, checks) if s and c[3]]
     missed = [s for s, c in zip(short, checks) if s and not c[3]]
-    rows.append(f"\nPrimary targets (cold) met: {', '.join(met) or 'none'}. "
-                f"Not met: {', '.join(missed) or 'none'}.")
+    rows.append(
+        f"\nPrimary targets (cold) met: {', '.join(met) or 'none'}. "
+        f"Not met: {', '.join(missed) or 'none'}."
+    )
     return "\n".join(rows)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--runs", type=int, default=3, help="runs per side (rounds), each with its own seed")
-    p.add_argument("--seed", type=int, default=0, help="seed of the first round (round i uses SEED + i)")
-    p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update")
-    p.add_argument("--no-write", action="store_true", help="print the table only, leave RESULTS.md alone")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--runs", type=int, default=3, help="runs per side (rounds), each with its own seed"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the first round (round i uses SEED + i)"
+    )
+    p.add_argument(
+        "--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update"
+    )
+    p.add_argument(
+        "--no-write", action="store_true", help="print the table only, leave RESULTS.md alone"
+    )
     p.add_argument("--timeout", type=float, default=300, help="seconds allowed per subprocess")
-    p.add_argument("--keep", action="store_true", help="keep the scratch directory (run dirs and logs)")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the scratch directory (run dirs and logs)"
+    )
     args = p.parse_args()
     if not PEER_PY.exists():
         sys.exit(f"no peer venv at {PEER_PY}: run bench/setup_peer.sh first")
@@ -188,10 +368,18 @@ def main():
         sides["ours, cold"].append(run_ours(seed, scratch, cold=True, timeout=args.timeout))
         sides["Rejax"].append(run_rejax(seed, scratch, args.timeout))
         sides["ours, warm cache"].append(run_ours(seed, scratch, cold=False, timeout=args.timeout))
-        ceiling.append(json.loads(launch(ceiling_cmd(), scratch / f"ceiling-{i}.log", args.timeout)[1])["sps"])
-        print(f"round {i + 1}/{args.runs}: " + ", ".join(
-            f"{k} {v[-1]['wall']:.1f} s / {v[-1]['sps']:,.0f} sps / return {v[-1]['ret']:.0f}"
-            for k, v in sides.items()) + f", ceiling {ceiling[-1]:,.0f} sps", flush=True)
+        ceiling.append(
+            json.loads(launch(ceiling_cmd(), scratch / f"ceiling-{i}.log", args.timeout)[1])["sps"]
+        )
+        print(
+            f"round {i + 1}/{args.runs}: "
+            + ", ".join(
+                f"{k} {v[-1]['wall']:.1f} s / {v[-1]['sps']:,.0f} sps / return {v[-1]['ret']:.0f}"
+                for k, v in sides.items()
+            )
+            + f", ceiling {ceiling[-1]:,.0f} sps",
+            flush=True,
+        )
     load = f"{load_start:.2f} / {os.getloadavg()[0]:.2f}"
 
     tbl, ver, brk = table(sides, ceiling), verdicts(sides, ceiling), breakdown(sides)
@@ -200,31 +388,35 @@ def main():
         shutil.rmtree(scratch)
     if args.no_write:
         return
-    rel = lambda cmd: " ".join(str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c  # noqa: E731
-                               for c in cmd).replace(sys.executable, ".venv/bin/python")
+
+    def rel(cmd):
+        return " ".join(
+            str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c for c in cmd
+        ).replace(sys.executable, ".venv/bin/python")
+
     head = commit("algos/", "common/")
     rejax = ", ".join(f"{k} {v}" for k, v in sides["Rejax"][0]["versions"].items())
     body = f"""
-Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with `.venv/bin/python bench/ppo.py --runs {args.runs} --seed {args.seed}`.
+Measured {time.strftime("%Y-%m-%d %H:%M %Z")} with `.venv/bin/python bench/ppo.py --runs {args.runs} --seed {args.seed}`.
 
 - Machine: {machine()}; load average at start/end: {load}
-- Ours: Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit {head}
+- Ours: Python {platform.python_version()}, jax {md.version("jax")}, gymnax {md.version("gymnax")}, commit {head}
 - Rejax: {rejax} (bench/.peer-venv)
 
-Matched work: {CONFIG['num_envs']} envs x {CONFIG['num_steps']} steps per rollout, {CONFIG['update_epochs']} epochs x
-{CONFIG['num_minibatches']} minibatches, {CONFIG['total_steps']:,} env steps, tanh 64x64, gamma {CONFIG['gamma']},
-lambda {CONFIG['gae_lambda']}, clip {CONFIG['clip_eps']}, max grad {CONFIG['max_grad_norm']}; no evaluation during
+Matched work: {CONFIG["num_envs"]} envs x {CONFIG["num_steps"]} steps per rollout, {CONFIG["update_epochs"]} epochs x
+{CONFIG["num_minibatches"]} minibatches, {CONFIG["total_steps"]:,} env steps, tanh 64x64, gamma {CONFIG["gamma"]},
+lambda {CONFIG["gae_lambda"]}, clip {CONFIG["clip_eps"]}, max grad {CONFIG["max_grad_norm"]}; no evaluation during
 training on either side. Learning rate and loss coefficients are each side's tuned choice: Rejax's CartPole config
-(lr {REJAX_HPARAMS['lr']} constant, ent {REJAX_HPARAMS['ent_coef']}, vf {REJAX_HPARAMS['vf_coef']}, advantages
+(lr {REJAX_HPARAMS["lr"]} constant, ent {REJAX_HPARAMS["ent_coef"]}, vf {REJAX_HPARAMS["vf_coef"]}, advantages
 standardised), ours the script's defaults (lr 2.5e-3 annealed, ent 0, vf 0.25). Round i (seed {args.seed} + i)
 runs ours cold, Rejax, ours warm, ceiling, one after the other; one warm-up run of ours fills the cache first.
 
 Commands (SEED = round seed):
 
 ```
-{rel(ours_cmd(0, Path('/tmp/bench-ppo/ours-SEED'), cold=True)).replace('--seed 0', '--seed SEED')}
-{rel(ours_cmd(0, Path('/tmp/bench-ppo/ours-SEED'), cold=False)).replace('--seed 0', '--seed SEED')}   # warm cache
-{rel(rejax_cmd(0)).replace('--seed 0', '--seed SEED')}
+{rel(ours_cmd(0, Path("/tmp/bench-ppo/ours-SEED"), cold=True)).replace("--seed 0", "--seed SEED")}
+{rel(ours_cmd(0, Path("/tmp/bench-ppo/ours-SEED"), cold=False)).replace("--seed 0", "--seed SEED")}   # warm cache
+{rel(rejax_cmd(0)).replace("--seed 0", "--seed SEED")}
 {rel(ceiling_cmd())}
 ```
 

@@ -19,6 +19,7 @@ function), run_s, wall_s (from interpreter start, imports included), sps
 return, argmax of Q, over --eval-episodes episodes), evaluations ([time.time(), env step, greedy
 return] of each in-training evaluation), t_start (time.time() at interpreter start), versions.
 """
+
 import time
 
 T_START = time.time()  # close to interpreter start; the driver also times the whole process
@@ -29,15 +30,23 @@ import json  # noqa: E402
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-envs", type=int, default=10)
     p.add_argument("--buffer-size", type=int, default=50_000)
-    p.add_argument("--fill-buffer", type=int, default=5_000, help="random-action steps before the first update")
+    p.add_argument(
+        "--fill-buffer", type=int, default=5_000, help="random-action steps before the first update"
+    )
     p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--num-epochs", type=int, default=5, help="gradient steps per iteration (num-envs env steps)")
+    p.add_argument(
+        "--num-epochs",
+        type=int,
+        default=5,
+        help="gradient steps per iteration (num-envs env steps)",
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--total-timesteps", type=int, default=100_000)
     p.add_argument("--agent", default="DuelingQNetwork", choices=["QNetwork", "DuelingQNetwork"])
@@ -46,16 +55,25 @@ def parse_args():
     p.add_argument("--polyak", type=float, default=0.98)
     p.add_argument("--eps-end", type=float, default=0.05)
     p.add_argument("--exploration-fraction", type=float, default=0.5)
-    p.add_argument("--max-grad-norm", type=float, default=10.0,
-                   help="passed to Rejax, which clips each gradient ELEMENT to this value (optax.clip)")
+    p.add_argument(
+        "--max-grad-norm",
+        type=float,
+        default=10.0,
+        help="passed to Rejax, which clips each gradient ELEMENT to this value (optax.clip)",
+    )
     p.add_argument("--eval-episodes", type=int, default=32)
-    p.add_argument("--eval-freq", type=int, default=0,
-                   help="greedy evaluations in training every this many env steps, each timed (0: none)")
+    p.add_argument(
+        "--eval-freq",
+        type=int,
+        default=0,
+        help="greedy evaluations in training every this many env steps, each timed (0: none)",
+    )
     return p.parse_args()
 
 
 def greedy_return(algo, params, key, n_episodes):
-    """Mean return of n_episodes greedy episodes (gymnax 0.0.9: step returns 5 values, auto-resets)."""
+    """Mean return of n_episodes greedy episodes (gymnax 0.0.9: step returns 5 values,
+    auto-resets)."""
     env, env_params = algo.env, algo.env_params
     reset_key, run_key = jax.random.split(key)
     obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(reset_key, n_episodes), env_params)
@@ -64,7 +82,8 @@ def greedy_return(algo, params, key, n_episodes):
         obs, state, ret, alive = carry
         action = jnp.argmax(algo.agent.apply(params, obs), axis=-1)
         obs, state, reward, done, _ = jax.vmap(env.step, (0, 0, 0, None))(
-            jax.random.split(key, n_episodes), state, action, env_params)
+            jax.random.split(key, n_episodes), state, action, env_params
+        )
         ret = ret + reward * alive
         return (obs, state, ret, alive * (1.0 - done.astype(jnp.float32))), None
 
@@ -80,22 +99,41 @@ if __name__ == "__main__":
     import jax
     import jax.numpy as jnp
     import rejax
+
     import_s = time.time() - t0
 
     total = args.total_timesteps // args.num_envs * args.num_envs
     algo = rejax.get_algo("dqn").create(
-        env=args.env, agent=args.agent, agent_kwargs={"activation": args.activation},
-        num_envs=args.num_envs, buffer_size=args.buffer_size, fill_buffer=args.fill_buffer,
-        batch_size=args.batch_size, num_epochs=args.num_epochs, learning_rate=args.lr,
-        max_grad_norm=args.max_grad_norm, total_timesteps=total, eval_freq=args.eval_freq or total,
+        env=args.env,
+        agent=args.agent,
+        agent_kwargs={"activation": args.activation},
+        num_envs=args.num_envs,
+        buffer_size=args.buffer_size,
+        fill_buffer=args.fill_buffer,
+        batch_size=args.batch_size,
+        num_epochs=args.num_epochs,
+        learning_rate=args.lr,
+        max_grad_norm=args.max_grad_norm,
+        total_timesteps=total,
+        eval_freq=args.eval_freq or total,
         skip_initial_evaluation=True,
-        gamma=args.gamma, polyak=args.polyak, eps_start=1.0, eps_end=args.eps_end,
-        exploration_fraction=args.exploration_fraction, ddqn=True)
-    evaluations = []  # (time.time(), env step, greedy return) of each in-training evaluation, as it ends
+        gamma=args.gamma,
+        polyak=args.polyak,
+        eps_start=1.0,
+        eps_end=args.eps_end,
+        exploration_fraction=args.exploration_fraction,
+        ddqn=True,
+    )
+    # (time.time(), env step, greedy return) of each in-training evaluation, as it ends
+    evaluations = []
 
     def evaluate(algo, ts, rng):
         ret = greedy_return(algo, ts.q_ts.params, rng, args.eval_episodes)
-        jax.debug.callback(lambda step, r: evaluations.append((time.time(), int(step), float(r))), ts.global_step, ret)
+        jax.debug.callback(
+            lambda step, r: evaluations.append((time.time(), int(step), float(r))),
+            ts.global_step,
+            ret,
+        )
         return ret
 
     algo = algo.replace(eval_callback=evaluate if args.eval_freq else lambda algo, ts, rng: ())
@@ -112,14 +150,32 @@ if __name__ == "__main__":
     jax.block_until_ready(ts)
     run_s = time.time() - t0
 
-    # an iteration updates iff its starting global step exceeds fill_buffer (Rejax's DQN.train_iteration)
-    updates = args.num_epochs * sum(1 for i in range(total // args.num_envs) if i * args.num_envs > args.fill_buffer)
-    eval_return = float(jax.jit(greedy_return, static_argnums=(0, 3))(
-        algo, ts.q_ts.params, jax.random.PRNGKey(args.seed + 10_000), args.eval_episodes))
-    print(json.dumps({
-        "import_s": import_s, "trace_s": trace_s, "compile_s": compile_s, "run_s": run_s,
-        "wall_s": time.time() - T_START, "env_steps": int(ts.global_step), "sps": total / run_s,
-        "updates": updates, "eval_return": eval_return,
-        "evaluations": sorted(evaluations), "t_start": T_START,
-        "versions": {k: md.version(k) for k in ("rejax", "jax", "gymnax", "flax", "optax")},
-    }), flush=True)
+    # an iteration updates iff its starting global step exceeds fill_buffer (Rejax's
+    # DQN.train_iteration)
+    updates = args.num_epochs * sum(
+        1 for i in range(total // args.num_envs) if i * args.num_envs > args.fill_buffer
+    )
+    eval_return = float(
+        jax.jit(greedy_return, static_argnums=(0, 3))(
+            algo, ts.q_ts.params, jax.random.PRNGKey(args.seed + 10_000), args.eval_episodes
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "import_s": import_s,
+                "trace_s": trace_s,
+                "compile_s": compile_s,
+                "run_s": run_s,
+                "wall_s": time.time() - T_START,
+                "env_steps": int(ts.global_step),
+                "sps": total / run_s,
+                "updates": updates,
+                "eval_return": eval_return,
+                "evaluations": sorted(evaluations),
+                "t_start": T_START,
+                "versions": {k: md.version(k) for k in ("rejax", "jax", "gymnax", "flax", "optax")},
+            }
+        ),
+        flush=True,
+    )

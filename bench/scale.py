@@ -1,4 +1,5 @@
-"""Throughput at scale: ppo_joint's steady SPS from 16 to 4096 environments, against Rejax PPO and two ceilings.
+"""Throughput at scale: ppo_joint's steady SPS from 16 to 4096 environments, against Rejax PPO and
+two ceilings.
 
     .venv/bin/python bench/scale.py                    # ~5 min on 2 cores
     .venv/bin/python bench/scale.py --sizes 16,64 --no-write
@@ -13,6 +14,7 @@ backward passes at the same batch shapes, nothing else): bench/ceiling.py.
 For each size the four run one after the other. Prints a Markdown table and
 rewrites this benchmark's section of bench/RESULTS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,50 +38,119 @@ def total_steps(n: int) -> int:
 def measure(n: int, scratch: Path, timeout: float) -> dict:
     steps, sizes = total_steps(n), ["--num-envs", str(n)]
     out = scratch / f"ours-{n}"
-    launch([sys.executable, "algos/ppo_joint.py", *sizes, "--num-steps", str(T), "--update-epochs", str(EPOCHS),
-            "--num-minibatches", str(MINIBATCHES), "--total-steps", str(steps), "--n-devices", "1",
-            "--eval-every", "0", "--eval-episodes", "4", "--out-dir", str(out)], scratch / f"ours-{n}.log", timeout)
+    launch(
+        [
+            sys.executable,
+            "algos/ppo_joint.py",
+            *sizes,
+            "--num-steps",
+            str(T),
+            "--update-epochs",
+            str(EPOCHS),
+            "--num-minibatches",
+            str(MINIBATCHES),
+            "--total-steps",
+            str(steps),
+            "--n-devices",
+            "1",
+            "--eval-every",
+            "0",
+            "--eval-episodes",
+            "4",
+            "--out-dir",
+            str(out),
+        ],
+        scratch / f"ours-{n}.log",
+        timeout,
+    )
     ours = json.loads((out / "summary.json").read_text())["sps"]
-    _, text = launch([str(PEER_PY), "bench/rejax_ppo.py", *sizes, "--num-steps", str(T), "--num-epochs", str(EPOCHS),
-                      "--num-minibatches", str(MINIBATCHES), "--total-timesteps", str(steps),
-                      "--eval-episodes", "4"], scratch / f"rejax-{n}.log", timeout)
+    _, text = launch(
+        [
+            str(PEER_PY),
+            "bench/rejax_ppo.py",
+            *sizes,
+            "--num-steps",
+            str(T),
+            "--num-epochs",
+            str(EPOCHS),
+            "--num-minibatches",
+            str(MINIBATCHES),
+            "--total-timesteps",
+            str(steps),
+            "--eval-episodes",
+            "4",
+        ],
+        scratch / f"rejax-{n}.log",
+        timeout,
+    )
     rejax = json.loads(text.strip().splitlines()[-1])
-    ceiling = [sys.executable, "bench/ceiling.py", *sizes, "--num-steps", str(steps // n), "--rollout", str(T),
-               "--reps", "3"]
+    ceiling = [
+        sys.executable,
+        "bench/ceiling.py",
+        *sizes,
+        "--num-steps",
+        str(steps // n),
+        "--rollout",
+        str(T),
+        "--reps",
+        "3",
+    ]
     bare = json.loads(launch(ceiling, scratch / f"bare-{n}.log", timeout)[1])["sps"]
-    compute = json.loads(launch(ceiling + ["--update-epochs", str(EPOCHS), "--num-minibatches", str(MINIBATCHES)],
-                                scratch / f"compute-{n}.log", timeout)[1])["sps"]
-    return {"n": n, "ours": ours, "rejax": rejax["sps"], "bare": bare, "compute": compute,
-            "versions": rejax["versions"]}
+    compute = json.loads(
+        launch(
+            ceiling + ["--update-epochs", str(EPOCHS), "--num-minibatches", str(MINIBATCHES)],
+            scratch / f"compute-{n}.log",
+            timeout,
+        )[1]
+    )["sps"]
+    return {
+        "n": n,
+        "ours": ours,
+        "rejax": rejax["sps"],
+        "bare": bare,
+        "compute": compute,
+        "versions": rejax["versions"],
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="16,64,256,1024,4096")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
-    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    p.add_argument(
+        "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
+    )
     args = p.parse_args()
     if not PEER_PY.exists():
         sys.exit("no peer venv: run bench/setup_peer.sh first")
-    rows = ["| envs | ours SPS | Rejax SPS | ours / Rejax | bare rollout SPS | compute ceiling SPS "
-            "| ours / compute | ours / bare |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| envs | ours SPS | Rejax SPS | ours / Rejax | bare rollout SPS | compute ceiling SPS "
+        "| ours / compute | ours / bare |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     results = []
     with tempfile.TemporaryDirectory(prefix="jtrax-scale-") as tmp:
         for n in map(int, args.sizes.split(",")):
             r = measure(n, Path(tmp), args.timeout)
             results.append(r)
-            rows.append(f"| {n:,} | {r['ours']:,.0f} | {r['rejax']:,.0f} | {r['ours'] / r['rejax']:.2f} "
-                        f"| {r['bare']:,.0f} | {r['compute']:,.0f} | {r['ours'] / r['compute']:.2f} "
-                        f"| {r['ours'] / r['bare']:.2f} |")
+            rows.append(
+                f"| {n:,} | {r['ours']:,.0f} | {r['rejax']:,.0f} | {r['ours'] / r['rejax']:.2f} "
+                f"| {r['bare']:,.0f} | {r['compute']:,.0f} | {r['ours'] / r['compute']:.2f} "
+                f"| {r['ours'] / r['bare']:.2f} |"
+            )
             print(rows[-1], flush=True)
     peer = ", ".join(f"{k} {v}" for k, v in results[0]["versions"].items())
     met_rejax = all(r["ours"] >= 1.25 * r["rejax"] for r in results)
     met_compute = all(r["ours"] >= 0.7 * r["compute"] for r in results if r["n"] >= 256)
-    body = (f"Machine: {machine()}. Commit {commit('algos', 'common')}. Rejax side: {peer}.\n\n"
-            f"Command: `.venv/bin/python bench/scale.py --sizes {args.sizes}`. Work per size: N envs x {T} steps, "
-            f"{EPOCHS} epochs x {MINIBATCHES} minibatches, 64x64 tanh; max(8 rollouts, 1M steps).\n\n"
-            + "\n".join(rows) + f"\n\nGoals: ours >= 1.25x Rejax at every size: {'met' if met_rejax else 'not met'}; "
-            f"ours >= 0.7x the compute ceiling from 256 envs up: {'met' if met_compute else 'not met'}.")
+    body = (
+        f"Machine: {machine()}. Commit {commit('algos', 'common')}. Rejax side: "
+        f"{peer}.\n\nCommand: `.venv/bin/python bench/scale.py --sizes {args.sizes}`. Work per "
+        f"size: N envs x {T} steps, {EPOCHS} epochs x {MINIBATCHES} minibatches, 64x64 tanh; max(8 "
+        "rollouts, 1M steps).\n\n"
+        + "\n".join(rows)
+        + f"\n\nGoals: ours >= 1.25x Rejax at every size: {'met' if met_rejax else 'not met'}; "
+        f"ours >= 0.7x the compute ceiling from 256 envs up: {'met' if met_compute else 'not met'}."
+    )
     print(body)
     if not args.no_write:
         write_section(SECTION, body)

@@ -11,6 +11,7 @@ ppo_joint), env steps until the mean return of the training episodes finished in
 an epoch first reaches 475, and the final greedy return. Rewrites this benchmark's
 section of bench/RESULTS.md, leaving other sections alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,15 @@ ENTRIES = {
     "awr": ["algos/awr.py"],
     "awr --q-value --n-samples 4": ["algos/awr.py", "--q-value", "--n-samples", "4"],
     "actor_critic": ["algos/actor_critic.py"],
-    "actor_critic --loss ppo": ["algos/actor_critic.py", "--loss", "ppo", "--policy-train-steps", "16",
-                                "--policy-batch-size", "256"],
+    "actor_critic --loss ppo": [
+        "algos/actor_critic.py",
+        "--loss",
+        "ppo",
+        "--policy-train-steps",
+        "16",
+        "--policy-batch-size",
+        "256",
+    ],
     "reinforce --baseline": ["algos/reinforce.py", "--baseline"],
 }
 COMMON = ["--env", "CartPole-v1", "--n-devices", "1", "--eval-every", "0", "--no-compile-cache"]
@@ -50,37 +58,56 @@ def run_entry(args: list[str], seed: int, out: Path, timeout: float) -> dict:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     wall = time.time() - t0
     if proc.returncode:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-3000:]}")
+        sys.exit(
+            f"failed ({proc.returncode}): {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-3000:]}"
+        )
     summary = json.loads((out / "summary.json").read_text())
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps_per_epoch = lines[0]["env_steps"]
-    reached = next((line["env_steps"] for line in lines if (line.get("episode/return") or 0) >= THRESHOLD), None)
-    return {"wall": wall, "compile": summary["compile_time_s"], "sps": summary["sps"],
-            "epoch_ms": 1e3 * steps_per_epoch / summary["sps"], "steps_per_epoch": steps_per_epoch,
-            "reached": reached, "ret": summary["eval_return"], "total": summary["env_steps"]}
+    reached = next(
+        (line["env_steps"] for line in lines if (line.get("episode/return") or 0) >= THRESHOLD),
+        None,
+    )
+    return {
+        "wall": wall,
+        "compile": summary["compile_time_s"],
+        "sps": summary["sps"],
+        "epoch_ms": 1e3 * steps_per_epoch / summary["sps"],
+        "steps_per_epoch": steps_per_epoch,
+        "reached": reached,
+        "ret": summary["eval_return"],
+        "total": summary["env_steps"],
+    }
 
 
 def table(results: dict[str, list[dict]]) -> str:
     base = med(results["ppo_joint"], "epoch_ms") / results["ppo_joint"][0]["steps_per_epoch"]
-    rows = ["| script and flags | compile s | steady SPS | ms / epoch (steps) | cost per step vs ppo_joint "
-            "| env steps to return 475 | greedy return |", "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| script and flags | compile s | steady SPS | ms / epoch (steps) | cost per step vs "
+        "ppo_joint | env steps to return 475 | greedy return |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, runs in results.items():
         reached = [r["reached"] for r in runs]
         shown = ", ".join(f"{x:,}" if x else f"not in {runs[0]['total']:,}" for x in reached)
         per_step = med(runs, "epoch_ms") / runs[0]["steps_per_epoch"]
         returns = ", ".join(f"{r['ret']:.0f}" for r in runs)
-        rows.append(f"| `{name}` | {med(runs, 'compile'):.1f} | {med(runs, 'sps'):,.0f} "
-                    f"| {med(runs, 'epoch_ms'):.1f} ({runs[0]['steps_per_epoch']:,}) | {per_step / base:.2f}x "
-                    f"| {shown} | {returns} |")
+        rows.append(
+            f"| `{name}` | {med(runs, 'compile'):.1f} | {med(runs, 'sps'):,.0f} | {med(runs, 'epoch_ms'):.1f} "
+            f"({runs[0]['steps_per_epoch']:,}) | {per_step / base:.2f}x | {shown} | {returns} |"
+        )
     return "\n".join(rows)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--runs", type=int, default=2, help="rounds; round i uses seed SEED + i")
     p.add_argument("--seed", type=int, default=0, help="seed of the first round")
-    p.add_argument("--no-write", action="store_true", help="print the table only, leave RESULTS.md alone")
+    p.add_argument(
+        "--no-write", action="store_true", help="print the table only, leave RESULTS.md alone"
+    )
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per run")
     args = p.parse_args()
 
@@ -89,21 +116,28 @@ def main():
     results = {name: [] for name in ENTRIES}
     for i in range(args.runs):
         for j, (name, entry) in enumerate(ENTRIES.items()):
-            results[name].append(run_entry(entry, args.seed + i, scratch / f"{j}-{i}", args.timeout))
+            results[name].append(
+                run_entry(entry, args.seed + i, scratch / f"{j}-{i}", args.timeout)
+            )
             r = results[name][-1]
-            print(f"round {i + 1}/{args.runs} {name}: compile {r['compile']:.1f} s, {r['sps']:,.0f} sps, "
-                  f"475 at {r['reached']}, return {r['ret']:.0f}", flush=True)
+            print(
+                f"round {i + 1}/{args.runs} {name}: compile {r['compile']:.1f} s, {r['sps']:,.0f} "
+                f"sps, 475 at {r['reached']}, return {r['ret']:.0f}",
+                flush=True,
+            )
     shutil.rmtree(scratch)
     tbl = table(results)
     print("\n" + tbl)
     if args.no_write:
         return
-    commands = "\n".join(f".venv/bin/python {' '.join(e)} {' '.join(COMMON)} --seed SEED" for e in ENTRIES.values())
+    commands = "\n".join(
+        f".venv/bin/python {' '.join(e)} {' '.join(COMMON)} --seed SEED" for e in ENTRIES.values()
+    )
     body = f"""
-Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with `.venv/bin/python bench/side_by_side.py --runs {args.runs} --seed {args.seed}`.
+Measured {time.strftime("%Y-%m-%d %H:%M %Z")} with `.venv/bin/python bench/side_by_side.py --runs {args.runs} --seed {args.seed}`.
 
 - Machine: {machine()}; load average at start/end: {load_start:.2f} / {os.getloadavg()[0]:.2f}
-- Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit {commit()}
+- Python {platform.python_version()}, jax {md.version("jax")}, gymnax {md.version("gymnax")}, commit {commit()}
 
 Commands (each script's defaults otherwise; round i uses SEED = {args.seed} + i, the entries run one after the other):
 

@@ -14,6 +14,7 @@ what does a pruned net return?
 
 Prints Markdown and rewrites this benchmark's section of bench/RESULTS.md, leaving the others.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,13 @@ class Epoch:
         if per_seed_depth:  # each vmapped seed keeps its own draw: a batched predicate
             skipping.first_copy = lambda x: x
         try:
-            config = st.Config(n_devices=1, num_seeds=2, skip_fraction=skip_fraction, skip_warmup_steps=0,
-                               total_steps=10**7)
+            config = st.Config(
+                n_devices=1,
+                num_seeds=2,
+                skip_fraction=skip_fraction,
+                skip_warmup_steps=0,
+                total_steps=10**7,
+            )
             trainer = st.make_trainer(config)
             keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, 1)
             self.state = devices.map_init(trainer.init)(keys)
@@ -72,13 +78,28 @@ class Epoch:
             layers.append(metrics["skip/layers_run"])
         jax.block_until_ready(self.state)
         seconds = time.perf_counter() - start
-        return {"sps": epochs * self.steps / seconds, "layers_run": float(sum(x.mean() for x in layers) / epochs)}
+        return {
+            "sps": epochs * self.steps / seconds,
+            "layers_run": float(sum(x.mean() for x in layers) / epochs),
+        }
 
 
 def train_run(skip_fraction: float, seed: int, scratch: Path, timeout: float) -> dict:
     out = scratch / f"run-skip{skip_fraction}-seed{seed}"
-    cmd = [sys.executable, "algos/skip_transformer.py", "--skip-fraction", str(skip_fraction), "--seed", str(seed),
-           "--n-devices", "1", "--eval-every", "0", "--out-dir", str(out)]
+    cmd = [
+        sys.executable,
+        "algos/skip_transformer.py",
+        "--skip-fraction",
+        str(skip_fraction),
+        "--seed",
+        str(seed),
+        "--n-devices",
+        "1",
+        "--eval-every",
+        "0",
+        "--out-dir",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     if proc.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-3000:]}")
@@ -87,50 +108,89 @@ def train_run(skip_fraction: float, seed: int, scratch: Path, timeout: float) ->
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per variant (median reported)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved timing rounds per variant (median reported)",
+    )
     p.add_argument("--epochs", type=int, default=20, help="timed epochs per round")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of the training runs (return vs depth)")
-    p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="seeds of the training runs (return vs depth)",
+    )
+    p.add_argument(
+        "--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update"
+    )
     p.add_argument("--no-write", action="store_true", help="print only, leave RESULTS.md alone")
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per training run")
     args = p.parse_args()
     load_start = os.getloadavg()[0]
 
-    variants = {"--skip-fraction 0 (every block)": (0.0, False),
-                "--skip-fraction 0.5, one depth for all seeds (this script)": (0.5, False),
-                "--skip-fraction 0.5, one depth per seed (batched predicate)": (0.5, True)}
+    variants = {
+        "--skip-fraction 0 (every block)": (0.0, False),
+        "--skip-fraction 0.5, one depth for all seeds (this script)": (0.5, False),
+        "--skip-fraction 0.5, one depth per seed (batched predicate)": (0.5, True),
+    }
     compiled = {name: Epoch(*variant) for name, variant in variants.items()}
     speed = {name: [] for name in variants}
     for r in range(args.rounds):
         for name, epoch in compiled.items():
             speed[name].append(epoch.speed(args.epochs))
-            print(f"round {r + 1}: {name}: {speed[name][-1]['sps']:,.0f} sps, "
-                  f"{speed[name][-1]['layers_run']:.2f} blocks per gradient step", flush=True)
+            print(
+                f"round {r + 1}: {name}: {speed[name][-1]['sps']:,.0f} sps, "
+                f"{speed[name][-1]['layers_run']:.2f} blocks per gradient step",
+                flush=True,
+            )
     base = statistics.median(x["sps"] for x in speed["--skip-fraction 0 (every block)"])
-    rows = ["| variant | blocks run per gradient step | training SPS, median (min-max) | vs every block |",
-            "|---|---:|---:|---:|"]
+    rows = [
+        "| variant | blocks run per gradient step | training SPS, median (min-max) | vs every "
+        "block |",
+        "|---|---:|---:|---:|",
+    ]
     for name, runs in speed.items():
         sps = [x["sps"] for x in runs]
-        rows.append(f"| {name} | {statistics.mean(x['layers_run'] for x in runs):.2f} | "
-                    f"{statistics.median(sps):,.0f} ({min(sps):,.0f}-{max(sps):,.0f}) | "
-                    f"{statistics.median(sps) / base:.2f}x |")
+        rows.append(
+            f"| {name} | {statistics.mean(x['layers_run'] for x in runs):.2f} | "
+            f"{statistics.median(sps):,.0f} ({min(sps):,.0f}-{max(sps):,.0f}) | "
+            f"{statistics.median(sps) / base:.2f}x |"
+        )
     speed_table = "\n".join(rows)
     print("\n" + speed_table, flush=True)
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-skip-"))
-    runs = {sf: [train_run(sf, seed, scratch, args.timeout) for seed in args.seeds] for sf in (0.0, 0.5)}
+    runs = {
+        sf: [train_run(sf, seed, scratch, args.timeout) for seed in args.seeds] for sf in (0.0, 0.5)
+    }
     n_layers = len(runs[0.0][0]["eval_return_by_depth"])
-    rows = ["| training | " + " | ".join(f"depth {d}" + (" (full)" if d == n_layers else "")
-                                        for d in range(1, n_layers + 1)) + " | train SPS | wall s |",
-            "|---|" + "---:|" * (n_layers + 2)]
+    rows = [
+        "| training | "
+        + " | ".join(
+            f"depth {d}" + (" (full)" if d == n_layers else "") for d in range(1, n_layers + 1)
+        )
+        + " | train SPS | wall s |",
+        "|---|" + "---:|" * (n_layers + 2),
+    ]
     for sf, results in runs.items():
-        cells = [" / ".join(f"{r['eval_return_by_depth'][str(d)]:.0f}" for r in results)
-                 for d in range(1, n_layers + 1)]
-        rows.append(f"| --skip-fraction {sf} | " + " | ".join(cells) + " | "
-                    + " / ".join(f"{r['sps']:,.0f}" for r in results) + " | "
-                    + " / ".join(f"{r['wall_time_s']:.0f}" for r in results) + " |")
+        cells = [
+            " / ".join(f"{r['eval_return_by_depth'][str(d)]:.0f}" for r in results)
+            for d in range(1, n_layers + 1)
+        ]
+        rows.append(
+            f"| --skip-fraction {sf} | "
+            + " | ".join(cells)
+            + " | "
+            + " / ".join(f"{r['sps']:,.0f}" for r in results)
+            + " | "
+            + " / ".join(f"{r['wall_time_s']:.0f}" for r in results)
+            + " |"
+        )
     depth_table = "\n".join(rows)
     print("\n" + depth_table, flush=True)
     shutil.rmtree(scratch)
@@ -138,14 +198,15 @@ def main():
         return
 
     import importlib.metadata as md
+
     command = " ".join(runs[0.5][0]["cmd"][1:]).replace(str(scratch), "/tmp/bench-skip")
     body = f"""
-Measured {time.strftime('%Y-%m-%d %H:%M %Z')} with `.venv/bin/python bench/skip_transformer.py --rounds {args.rounds}
---epochs {args.epochs} --seeds {' '.join(map(str, args.seeds))}`.
+Measured {time.strftime("%Y-%m-%d %H:%M %Z")} with `.venv/bin/python bench/skip_transformer.py --rounds {args.rounds}
+--epochs {args.epochs} --seeds {" ".join(map(str, args.seeds))}`.
 
 - Machine: {machine()}; load average at start/end: {load_start:.2f} / {os.getloadavg()[0]:.2f}
-- Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}, commit
-  {commit('algos/', 'common/')}
+- Python {platform.python_version()}, jax {md.version("jax")}, gymnax {md.version("gymnax")}, commit
+  {commit("algos/", "common/")}
 
 Training speed: the compiled epoch of the default configuration (8 envs x 128 steps, 4 x 4 minibatch
 updates) with `--num-seeds 2`, one device, `--skip-warmup-steps 0`; {args.epochs} epochs timed after one warm-up
@@ -158,7 +219,7 @@ saving is bounded by that fraction of the update's block compute.
 {speed_table}
 
 Greedy return against depth (first d blocks, 32 episodes, after training with the script's default flags;
-one value per seed {', '.join(map(str, args.seeds))}): LayerDrop is what keeps a pruned net acting.
+one value per seed {", ".join(map(str, args.seeds))}): LayerDrop is what keeps a pruned net acting.
 
 ```
 .venv/bin/python {command}

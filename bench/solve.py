@@ -21,6 +21,7 @@ A run that never reaches 475 counts as unsolved: infinitely slow in the
 medians. Prints a Markdown table and rewrites this benchmark's section of
 bench/RESULTS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,10 +41,18 @@ PEER_PY = ROOT / "bench" / ".peer-venv" / "bin" / "python"
 SECTION = "## Time to solve CartPole-v1 (greedy return 475), ours vs Rejax"
 TARGET = 475.0
 EVAL = ["--eval-episodes", "32", "--n-devices", "1"]
-OURS = {  # name: script flags; the evaluation interval in epochs: 10 x 1,024 steps, dqn 100 x 100 steps
+# name: script flags; the evaluation interval in epochs: 10 x 1,024 steps, dqn 100 x 100 steps
+OURS = {
     "ppo_joint": ["algos/ppo_joint.py", "--eval-every", "10"],
     "awr": ["algos/awr.py", "--eval-every", "10"],
-    "awr --q-value --n-samples 4": ["algos/awr.py", "--q-value", "--n-samples", "4", "--eval-every", "10"],
+    "awr --q-value --n-samples 4": [
+        "algos/awr.py",
+        "--q-value",
+        "--n-samples",
+        "4",
+        "--eval-every",
+        "10",
+    ],
     "dqn_value": ["algos/dqn_value.py", "--eval-every", "100"],
 }
 PEERS = {"Rejax PPO": "bench/rejax_ppo.py", "Rejax DQN": "bench/rejax_dqn.py"}
@@ -53,23 +62,51 @@ SIDES = [f"{name}, {cache}" for name in OURS for cache in ("cold", "warm")] + li
 def run_ours(name: str, cold: bool, seed: int, scratch: Path, timeout: float) -> dict:
     out = scratch / f"ours{list(OURS).index(name)}-{'cold' if cold else 'warm'}-{seed}"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, *OURS[name], *EVAL, "--target-return", str(TARGET), "--seed", str(seed),
-           "--out-dir", str(out)] + (["--no-compile-cache"] if cold else [])
+    cmd = [
+        sys.executable,
+        *OURS[name],
+        *EVAL,
+        "--target-return",
+        str(TARGET),
+        "--seed",
+        str(seed),
+        "--out-dir",
+        str(out),
+    ] + (["--no-compile-cache"] if cold else [])
     wall, _ = launch(cmd, scratch / f"{out.name}.log", timeout)
     s = json.loads((out / "summary.json").read_text())
     solved = s["target_return"]["reached"]
-    return {"seconds": wall if solved else math.inf, "steps": s["env_steps"] if solved else math.inf,
-            "compile": s["compile_time_s"]}
+    return {
+        "seconds": wall if solved else math.inf,
+        "steps": s["env_steps"] if solved else math.inf,
+        "compile": s["compile_time_s"],
+    }
 
 
 def run_peer(name: str, seed: int, scratch: Path, timeout: float) -> dict:
     t_launch = time.time()
-    _, out = launch([str(PEER_PY), PEERS[name], "--eval-freq", "10000", "--eval-episodes", "32",
-                     "--seed", str(seed)], scratch / f"{name.replace(' ', '-')}-{seed}.log", timeout)
+    _, out = launch(
+        [
+            str(PEER_PY),
+            PEERS[name],
+            "--eval-freq",
+            "10000",
+            "--eval-episodes",
+            "32",
+            "--seed",
+            str(seed),
+        ],
+        scratch / f"{name.replace(' ', '-')}-{seed}.log",
+        timeout,
+    )
     r = json.loads(out.strip().splitlines()[-1])
     hit = next(((t, step) for t, step, ret in r["evaluations"] if ret >= TARGET), None)
-    return {"seconds": hit[0] - t_launch if hit else math.inf, "steps": hit[1] if hit else math.inf,
-            "compile": r["compile_s"], "versions": r["versions"]}
+    return {
+        "seconds": hit[0] - t_launch if hit else math.inf,
+        "steps": hit[1] if hit else math.inf,
+        "compile": r["compile_s"],
+        "versions": r["versions"],
+    }
 
 
 def fmt(x: float, spec: str) -> str:
@@ -77,23 +114,31 @@ def fmt(x: float, spec: str) -> str:
 
 
 def table(results: dict[str, list[dict]]) -> str:
-    rows = ["| side | median s to 475 | range s | median env steps | solved | compile s |",
-            "|---|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| side | median s to 475 | range s | median env steps | solved | compile s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, runs in results.items():
         secs = [r["seconds"] for r in runs]
-        rows.append(f"| {name} | {fmt(statistics.median(secs), '.1f')} | {fmt(min(secs), '.1f')}-"
-                    f"{fmt(max(secs), '.1f')} | {fmt(statistics.median(r['steps'] for r in runs), ',.0f')} "
-                    f"| {sum(not math.isinf(s) for s in secs)}/{len(secs)} "
-                    f"| {statistics.median(r['compile'] for r in runs):.1f} |")
+        rows.append(
+            f"| {name} | {fmt(statistics.median(secs), '.1f')} | {fmt(min(secs), '.1f')}-"
+            f"{fmt(max(secs), '.1f')} | {fmt(statistics.median(r['steps'] for r in runs), ',.0f')} "
+            f"| {sum(not math.isinf(s) for s in secs)}/{len(secs)} "
+            f"| {statistics.median(r['compile'] for r in runs):.1f} |"
+        )
     return "\n".join(rows)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--only", default="", help="comma-separated side names (e.g. ppo_joint,Rejax PPO)")
+    p.add_argument(
+        "--only", default="", help="comma-separated side names (e.g. ppo_joint,Rejax PPO)"
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
-    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    p.add_argument(
+        "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
+    )
     args = p.parse_args()
     if not PEER_PY.exists():
         sys.exit("no peer venv: run bench/setup_peer.sh first")
@@ -107,23 +152,38 @@ def main() -> None:
         for seed in range(args.seeds):
             for side in results:
                 name, _, cache = side.rpartition(", ")
-                r = (run_ours(name, cache == "cold", seed, scratch, args.timeout) if name in OURS
-                     else run_peer(side, seed, scratch, args.timeout))
+                r = (
+                    run_ours(name, cache == "cold", seed, scratch, args.timeout)
+                    if name in OURS
+                    else run_peer(side, seed, scratch, args.timeout)
+                )
                 results[side].append(r)
-                print(f"seed {seed} | {side:<36} | {fmt(r['seconds'], '6.1f')} s | "
-                      f"{fmt(r['steps'], ',.0f')} steps", flush=True)
+                print(
+                    f"seed {seed} | {side:<36} | {fmt(r['seconds'], '6.1f')} s | "
+                    f"{fmt(r['steps'], ',.0f')} steps",
+                    flush=True,
+                )
     body = table(results)
-    ours = [statistics.median(r["seconds"] for r in runs) for s, runs in results.items() if s not in PEERS]
-    peers = [statistics.median(r["seconds"] for r in runs) for s, runs in results.items() if s in PEERS]
+    ours = [
+        statistics.median(r["seconds"] for r in runs)
+        for s, runs in results.items()
+        if s not in PEERS
+    ]
+    peers = [
+        statistics.median(r["seconds"] for r in runs) for s, runs in results.items() if s in PEERS
+    ]
     if ours and peers:
         ratio = min(ours) / min(peers)
-        body += (f"\n\nOur best median / Rejax's best median: **{ratio:.2f}x** (goal <= 0.5x: "
-                 f"{'met' if ratio <= 0.5 else 'not met'}).")
+        body += (
+            f"\n\nOur best median / Rejax's best median: **{ratio:.2f}x** (goal <= 0.5x: "
+            f"{'met' if ratio <= 0.5 else 'not met'})."
+        )
     peer = next((runs[0]["versions"] for s, runs in results.items() if s in PEERS), {})
-    body = (f"Machine: {machine()}. Commit {commit('algos', 'common')}. Rejax side: "
-            f"{', '.join(f'{k} {v}' for k, v in peer.items())}. {args.seeds} seeds (0-{args.seeds - 1}) per "
-            f"side, interleaved.\n\nCommand: `.venv/bin/python bench/solve.py --seeds {args.seeds}"
-            f"{' --only ' + repr(args.only) if only else ''}`\n\n{body}")
+    body = (
+        f"Machine: {machine()}. Commit {commit('algos', 'common')}. Rejax side: {', '.join(f'{k} {v}' for k, v in peer.items())}. "
+        f"{args.seeds} seeds (0-{args.seeds - 1}) per side, interleaved.\n\nCommand: "
+        f"`.venv/bin/python bench/solve.py --seeds {args.seeds}{' --only ' + repr(args.only) if only else ''}`\n\n{body}"
+    )
     print(body)
     if not args.no_write:
         write_section(SECTION, body)

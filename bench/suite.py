@@ -1,4 +1,5 @@
-"""The gymnax suite: every script's defaults, with only --env (and the task's budget) given, on each task.
+"""The gymnax suite: every script's defaults, with only --env (and the task's budget) given, on each
+task.
 
     .venv/bin/python bench/suite.py                              # every cell: hours on 2 cores
     .venv/bin/python bench/suite.py --tasks Acrobot-v1 --scripts ppo_joint,awr
@@ -13,6 +14,7 @@ of earlier parts; bench/SUITE.md is written from all of them, with each
 task's anchor (gymnax's PPO table and its budget), and a learning-curve PNG
 per task (the greedy return of every cell, common/plot.py) in bench/suite/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,18 +41,39 @@ TASKS = {
     "Acrobot-v1": (500_000, -80.0, -100.0),
     "MountainCar-v0": (250_000, -118.0, -118.0),
     "Catch-bsuite": (100_000, 1.0, 1.0),
-    "DeepSea-bsuite": (150_000, 0.0, 0.99),  # the goal: the optimum, 1 less the cost of the moves right
+    # the goal: the optimum, 1 less the cost of the moves right
+    "DeepSea-bsuite": (
+        150_000,
+        0.0,
+        0.99,
+    ),
     "MemoryChain-bsuite": (150_000, 0.1, 0.1),
-    "CartPoleNoVel-v1": (200_000, float("nan"), 475.0),  # no anchor: CartPole-v1 without its velocities
-    "Pendulum-v1": (300_000, -130.0, -200.0),  # continuous actions; the anchors are gymnax's at 1M steps
+    # no anchor: CartPole-v1 without its velocities
+    "CartPoleNoVel-v1": (
+        200_000,
+        float("nan"),
+        475.0,
+    ),
+    # continuous actions; the anchors are gymnax's at 1M steps
+    "Pendulum-v1": (
+        300_000,
+        -130.0,
+        -200.0,
+    ),
     "MountainCarContinuous-v0": (300_000, 92.0, 90.0),
-    "Breakout-MinAtar": (10_000_000, 28.0, 28.0),  # image observations [10, 10, C]; gymnax's PPO at 10M steps
+    # image observations [10, 10, C]; gymnax's PPO at 10M steps
+    "Breakout-MinAtar": (
+        10_000_000,
+        28.0,
+        28.0,
+    ),
     "SpaceInvaders-MinAtar": (10_000_000, 131.0, 131.0),
     "Asterix-MinAtar": (10_000_000, 15.0, 15.0),
     "Freeway-MinAtar": (10_000_000, 58.0, 58.0),
     "Seaquest-MinAtar": (10_000_000, float("nan"), float("nan")),  # no anchor in gymnax's table
-    # gymnax's other environments: one row (ppo_joint) each; gymnax's table gives an anchor for some, from PPO
-    # or from an evolution strategy (ES): MetaMaze, PointRobot and the two bandits are meta-learning tasks
+    # gymnax's other environments: one row (ppo_joint) each; gymnax's table gives an anchor for
+    # some, from PPO or from an evolution strategy (ES): MetaMaze, PointRobot and the two bandits
+    # are meta-learning tasks
     "UmbrellaChain-bsuite": (150_000, 1.0, 1.0),
     "DiscountingChain-bsuite": (150_000, 1.1, 1.1),
     "SimpleBandit-bsuite": (100_000, float("nan"), float("nan")),
@@ -65,12 +88,22 @@ TASKS = {
     "Pong-misc": (500_000, float("nan"), float("nan")),
 }
 CONTINUOUS = ("Pendulum-v1", "MountainCarContinuous-v0")  # Box actions: no dqn_value rows
-MEMORY = ("MemoryChain-bsuite", "CartPoleNoVel-v1")  # tasks that need memory: skip_transformer's rows
+# tasks that need memory: skip_transformer's rows
+MEMORY = (
+    "MemoryChain-bsuite",
+    "CartPoleNoVel-v1",
+)
 ONLY_MEMORY = ("CartPoleNoVel-v1",)  # and only its rows
-MINATAR = ("Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar",
-           "Seaquest-MinAtar")  # rows: ppo_joint, awr and dqn_value only
+# rows: ppo_joint, awr and dqn_value only
+MINATAR = (
+    "Breakout-MinAtar",
+    "SpaceInvaders-MinAtar",
+    "Asterix-MinAtar",
+    "Freeway-MinAtar",
+    "Seaquest-MinAtar",
+)
 MINATAR_ROWS = ("ppo_joint", "awr", "dqn_value")
-ONE_ROW = tuple(list(TASKS)[list(TASKS).index("UmbrellaChain-bsuite"):])  # ppo_joint's row only
+ONE_ROW = tuple(list(TASKS)[list(TASKS).index("UmbrellaChain-bsuite") :])  # ppo_joint's row only
 RANDOM = OUT / "random.json"  # task: the mean return of uniformly random actions
 SCRIPTS = {  # row name: script and flags
     "ppo_joint": ["ppo_joint"],
@@ -86,16 +119,22 @@ SCRIPTS = {  # row name: script and flags
 
 
 def cells_of(tasks: list[str], scripts: list[str]) -> list[tuple[str, str]]:
-    """(task, row) pairs: skip_transformer on the tasks that need memory, the others on all but ONLY_MEMORY
-    (dqn_value on discrete actions only; MinAtar: MINATAR_ROWS)."""
-    return [(task, row) for task in tasks for row in scripts
-            if (task in MEMORY if row == "skip_transformer" else task not in ONLY_MEMORY)
-            and not (row == "dqn_value" and task in CONTINUOUS) and (task not in MINATAR or row in MINATAR_ROWS)
-            and (task not in ONE_ROW or row == "ppo_joint")]
+    """(task, row) pairs: skip_transformer on the tasks that need memory, the others on all but
+    ONLY_MEMORY (dqn_value on discrete actions only; MinAtar: MINATAR_ROWS)."""
+    return [
+        (task, row)
+        for task in tasks
+        for row in scripts
+        if (task in MEMORY if row == "skip_transformer" else task not in ONLY_MEMORY)
+        and not (row == "dqn_value" and task in CONTINUOUS)
+        and (task not in MINATAR or row in MINATAR_ROWS)
+        and (task not in ONE_ROW or row == "ppo_joint")
+    ]
 
 
 def random_return(task: str, episodes: int = 256) -> float:
-    """The mean return of uniformly random actions over `episodes` episodes, each to its end or time limit."""
+    """The mean return of uniformly random actions over `episodes` episodes, each to its end or time
+    limit."""
     import jax
     import jax.numpy as jnp
 
@@ -108,7 +147,9 @@ def random_return(task: str, episodes: int = 256) -> float:
         def step(carry, key):
             state, total, ended = carry
             act_key, step_key = jax.random.split(key)
-            _, state, reward, terminated, truncated, _ = env.step(step_key, state, space.sample(act_key), params)
+            _, state, reward, terminated, truncated, _ = env.step(
+                step_key, state, space.sample(act_key), params
+            )
             done = jnp.logical_or(terminated, truncated)
             return (state, total + jnp.where(ended, 0.0, reward), jnp.logical_or(ended, done)), None
 
@@ -116,7 +157,9 @@ def random_return(task: str, episodes: int = 256) -> float:
         (_, total, _), _ = jax.lax.scan(step, (state, jnp.float32(0.0), jnp.bool_(False)), keys)
         return total
 
-    return float(jax.jit(jax.vmap(episode))(jax.random.split(jax.random.PRNGKey(0), episodes)).mean())
+    return float(
+        jax.jit(jax.vmap(episode))(jax.random.split(jax.random.PRNGKey(0), episodes)).mean()
+    )
 
 
 def eval_every(script: str, budget: int) -> int:
@@ -125,34 +168,67 @@ def eval_every(script: str, budget: int) -> int:
     return max(1, budget // (10 * config.num_envs * config.num_steps))
 
 
-def run_cell(task: str, row: str, seeds: int, scratch: Path, timeout: float, budget: int = 0) -> dict:
+def run_cell(
+    task: str, row: str, seeds: int, scratch: Path, timeout: float, budget: int = 0
+) -> dict:
     budget = budget or TASKS[task][0]
     script, *flags = SCRIPTS[row]
     out = scratch / f"{task}-{row.replace(' ', '_')}"
-    cmd = [sys.executable, f"algos/{script}.py", *flags, "--env", task, "--total-steps", str(budget),
-           "--num-seeds", str(seeds), "--eval-every", str(eval_every(script, budget)), "--out-dir", str(out)]
+    cmd = [
+        sys.executable,
+        f"algos/{script}.py",
+        *flags,
+        "--env",
+        task,
+        "--total-steps",
+        str(budget),
+        "--num-seeds",
+        str(seeds),
+        "--eval-every",
+        str(eval_every(script, budget)),
+        "--out-dir",
+        str(out),
+    ]
     start = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     wall = time.time() - start
     if proc.returncode:
-        return {"error": (proc.stdout + proc.stderr).strip().splitlines()[-1], "command": " ".join(cmd[1:])}
+        return {
+            "error": (proc.stdout + proc.stderr).strip().splitlines()[-1],
+            "command": " ".join(cmd[1:]),
+        }
     summary = json.loads((out / "summary.json").read_text())
     curve = OUT / "runs" / out.name
     shutil.rmtree(curve, ignore_errors=True)
     curve.mkdir(parents=True)
-    keep = ("epoch", "env_steps", "eval/return", "eval/return_per_seed")  # the curve, for the task's PNG
+    # the curve, for the task's PNG
+    keep = (
+        "epoch",
+        "env_steps",
+        "eval/return",
+        "eval/return_per_seed",
+    )
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    (curve / "metrics.jsonl").write_text("".join(json.dumps({k: r[k] for k in keep}) + "\n" for r in records
-                                                 if "eval/return" in r))
+    (curve / "metrics.jsonl").write_text(
+        "".join(json.dumps({k: r[k] for k in keep}) + "\n" for r in records if "eval/return" in r)
+    )
     per_seed = summary["eval_return_per_seed"]
-    return {"mean": summary["eval_return"], "worst": min(per_seed), "per_seed": per_seed,
-            "by_depth": summary.get("eval_return_by_depth_per_seed"),  # skip_transformer: every depth's greedy return
-            "env_steps": summary["env_steps"], "wall_s": wall, "commit": commit("algos", "common"),
-            "command": "python " + " ".join(cmd[1:-2])}
+    return {
+        "mean": summary["eval_return"],
+        "worst": min(per_seed),
+        "per_seed": per_seed,
+        # skip_transformer: every depth's greedy return
+        "by_depth": summary.get("eval_return_by_depth_per_seed"),
+        "env_steps": summary["env_steps"],
+        "wall_s": wall,
+        "commit": commit("algos", "common"),
+        "command": "python " + " ".join(cmd[1:-2]),
+    }
 
 
 def met(cell: dict, goal: float) -> bool:
-    """Every seed at or above the goal; 1e-4 below it counts (float32 returns: DeepSea's 0.99 is 0.98999983)."""
+    """Every seed at or above the goal; 1e-4 below it counts (float32 returns: DeepSea's 0.99 is
+    0.98999983)."""
     return "error" not in cell and cell["worst"] >= goal - 1e-4
 
 
@@ -165,13 +241,15 @@ def goal(task: str) -> str:
 
 
 def entry(cell: dict | None, task: str) -> str:
-    """A cell's mean / worst seed (with its budget where it ran short of the task's), bold where it met the goal."""
+    """A cell's mean / worst seed (with its budget where it ran short of the task's), bold where it
+    met the goal."""
     if cell is None:
         return ""
     if "error" in cell:
         return "error"
     text = f"{cell['mean']:.3g} / {cell['worst']:.3g}" + (
-        f" at {cell['env_steps'] / 1e6:.2g}M" if cell["env_steps"] < 0.9 * TASKS[task][0] else "")
+        f" at {cell['env_steps'] / 1e6:.2g}M" if cell["env_steps"] < 0.9 * TASKS[task][0] else ""
+    )
     return f"**{text}**" if met(cell, TASKS[task][2]) else text
 
 
@@ -180,72 +258,126 @@ def one_row_table(cells: dict, randoms: dict) -> list[str]:
     tasks = [t for t in ONE_ROW if f"{t} | ppo_joint" in cells]
     if not tasks:
         return []
-    lines = ["| task | budget | anchor; goal, every seed | uniformly random actions | ppo_joint |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| task | budget | anchor; goal, every seed | uniformly random actions | ppo_joint |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for t in tasks:
         random = f"{randoms[t]:.3g}" if t in randoms else ""
-        lines.append(f"| {t} | {TASKS[t][0]:,} | {anchor(t)}; {goal(t)} | {random} | "
-                     f"{entry(cells[f'{t} | ppo_joint'], t)} |")
-    return lines + ["", "gymnax's anchors for MetaMaze, PointRobot and the two bandits come from an evolution "
-                        "strategy, and those four are meta-learning tasks (an agent that remembers what it "
-                        "found earlier in the episode); the MLP policies here see one observation at a time."]
+        lines.append(
+            f"| {t} | {TASKS[t][0]:,} | {anchor(t)}; {goal(t)} | {random} | "
+            f"{entry(cells[f'{t} | ppo_joint'], t)} |"
+        )
+    return lines + [
+        "",
+        "gymnax's anchors for MetaMaze, PointRobot and the two bandits come from an evolution "
+        "strategy, and those four are meta-learning tasks (an agent that remembers what it "
+        "found earlier in the episode); the MLP policies here see one observation at a time.",
+    ]
 
 
 def matrix(cells: dict) -> list[str]:
-    """Every cell of the tasks with several rows in one table: mean and worst seed, the goal met in bold
-    (README copies it)."""
-    tasks = [t for t in TASKS if t not in ONE_ROW and any(key.startswith(f"{t} | ") for key in cells)]
-    lines = ["| script | " + " | ".join(tasks) + " |", "|---|" + "---:|" * len(tasks),
-             "| anchor; goal, every seed | " + " | ".join(f"{anchor(t)}; {goal(t)}" for t in tasks) + " |"]
+    """Every cell of the tasks with several rows in one table: mean and worst seed, the goal met in
+    bold (README copies it)."""
+    tasks = [
+        t for t in TASKS if t not in ONE_ROW and any(key.startswith(f"{t} | ") for key in cells)
+    ]
+    lines = [
+        "| script | " + " | ".join(tasks) + " |",
+        "|---|" + "---:|" * len(tasks),
+        "| anchor; goal, every seed | "
+        + " | ".join(f"{anchor(t)}; {goal(t)}" for t in tasks)
+        + " |",
+    ]
     for row in SCRIPTS:
         if any(f"{t} | {row}" in cells for t in tasks):
-            lines.append(f"| {row} | " + " | ".join(entry(cells.get(f"{t} | {row}"), t) for t in tasks) + " |")
-    return lines + ["", "Each entry: mean / worst of the seeds' greedy returns (at N M: after N million steps, short "
-                        "of the task's budget); bold: every seed at or above the goal."]
+            lines.append(
+                f"| {row} | "
+                + " | ".join(entry(cells.get(f"{t} | {row}"), t) for t in tasks)
+                + " |"
+            )
+    return lines + [
+        "",
+        "Each entry: mean / worst of the seeds' greedy returns (at N M: after N million steps, "
+        "short of the task's budget); bold: every seed at or above the goal.",
+    ]
 
 
 def report(cells: dict, randoms: dict) -> str:
-    lines = ["# The gymnax suite", "", "Written by `bench/suite.py` from bench/suite/cells.json: each cell one "
-             "process, the script's defaults with only `--env` and the budget (`--total-steps`) given, "
-             "`--num-seeds` seeds in one program, greedy return over 32 episodes at the end. Anchor: gymnax's PPO "
-             "table at that budget (Pendulum and MountainCarContinuous: at 1M steps); goal: every seed at or above "
-             "it (DeepSea: its optimum, 0.99; Acrobot: -100; Pendulum: -200).", ""]
-    judged = [(cell, TASKS[key.split(" | ")[0]][2]) for key, cell in cells.items()
-              if key.split(" | ")[0] in TASKS and goal(key.split(" | ")[0]) != "none"]
-    lines += [f"{sum(met(cell, target) for cell, target in judged)} of {len(judged)} cells with a goal meet it on "
-              f"every seed.", "", *matrix(cells), "", *one_row_table(cells, randoms), ""]
+    lines = [
+        "# The gymnax suite",
+        "",
+        "Written by `bench/suite.py` from bench/suite/cells.json: each cell one process, the "
+        "script's defaults with only `--env` and the budget (`--total-steps`) given, "
+        "`--num-seeds` seeds in one program, greedy return over 32 episodes at the end. Anchor: "
+        "gymnax's PPO table at that budget (Pendulum and MountainCarContinuous: at 1M steps); "
+        "goal: every seed at or above it (DeepSea: its optimum, 0.99; Acrobot: -100; Pendulum: "
+        "-200).",
+        "",
+    ]
+    judged = [
+        (cell, TASKS[key.split(" | ")[0]][2])
+        for key, cell in cells.items()
+        if key.split(" | ")[0] in TASKS and goal(key.split(" | ")[0]) != "none"
+    ]
+    lines += [
+        f"{sum(met(cell, target) for cell, target in judged)} of {len(judged)} cells with a goal "
+        "meet it on every seed.",
+        "",
+        *matrix(cells),
+        "",
+        *one_row_table(cells, randoms),
+        "",
+    ]
     for task, (budget, _, target) in TASKS.items():
         rows = [(row, cells[f"{task} | {row}"]) for row in SCRIPTS if f"{task} | {row}" in cells]
         if not rows:
             continue
         random = randoms.get(task)
-        lines += [f"## {task} (budget {budget:,} steps; anchor {anchor(task)}; goal, every seed: {goal(task)})", "",
-                  f"![{task}](suite/{task}.png)", "",
-                  *([f"Uniformly random actions: {random:.3g} (mean of 256 episodes).", ""] if random is not None
-                    else []),
-                  "| script | mean | worst seed | every seed >= goal | per seed | env steps | wall s | commit |",
-                  "|---|---:|---:|---|---|---:|---:|---|"]
+        lines += [
+            f"## {task} (budget {budget:,} steps; anchor {anchor(task)}; goal, every seed: "
+            f"{goal(task)})",
+            "",
+            f"![{task}](suite/{task}.png)",
+            "",
+            *(
+                [f"Uniformly random actions: {random:.3g} (mean of 256 episodes).", ""]
+                if random is not None
+                else []
+            ),
+            "| script | mean | worst seed | every seed >= goal | per seed | env steps | wall s | "
+            "commit |",
+            "|---|---:|---:|---|---|---:|---:|---|",
+        ]
         for row, c in rows:
             if "error" in c:
                 lines.append(f"| {row} | error: {c['error']} | | | | | | |")
                 continue
             seeds = ", ".join(f"{x:.3g}" for x in c["per_seed"])
-            lines.append(f"| {row} | {c['mean']:.3g} | {c['worst']:.3g} | {'yes' if met(c, target) else 'no'} "
-                         f"| {seeds} | {c['env_steps']:,} | {c['wall_s']:.0f} | {c['commit']} |")
+            lines.append(
+                f"| {row} | {c['mean']:.3g} | {c['worst']:.3g} | {'yes' if met(c, target) else 'no'} "
+                f"| {seeds} | {c['env_steps']:,} | {c['wall_s']:.0f} | {c['commit']} |"
+            )
         for row, c in rows:
             for depth, per_seed in sorted((c.get("by_depth") or {}).items()):
-                lines.append(f"\n{row}, greedy return with {depth} block(s) run: mean "
-                             f"{sum(per_seed) / len(per_seed):.3g}, worst {min(per_seed):.3g} "
-                             f"({', '.join(f'{x:.3g}' for x in per_seed)})")
+                lines.append(
+                    f"\n{row}, greedy return with {depth} block(s) run: mean "
+                    f"{sum(per_seed) / len(per_seed):.3g}, worst {min(per_seed):.3g} "
+                    f"({', '.join(f'{x:.3g}' for x in per_seed)})"
+                )
         lines.append("")
     return "\n".join(lines)
 
 
 def draw(cells: dict) -> None:
     for task in TASKS:
-        runs = [OUT / "runs" / f"{task}-{row.replace(' ', '_')}" for row in SCRIPTS if f"{task} | {row}" in cells
-                and "error" not in cells[f"{task} | {row}"]]
-        runs = [r for r in runs if (r / "metrics.jsonl").exists()]  # runs/ is not in git: this checkout's cells
+        runs = [
+            OUT / "runs" / f"{task}-{row.replace(' ', '_')}"
+            for row in SCRIPTS
+            if f"{task} | {row}" in cells and "error" not in cells[f"{task} | {row}"]
+        ]
+        # runs/ is not in git: this checkout's cells
+        runs = [r for r in runs if (r / "metrics.jsonl").exists()]
         if runs:
             plot.plot(runs, "eval/return", OUT / f"{task}.png")
 
@@ -253,17 +385,26 @@ def draw(cells: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", default=",".join(TASKS))
-    p.add_argument("--scripts", default=",".join(SCRIPTS), help="row names, comma-separated (see SCRIPTS)")
+    p.add_argument(
+        "--scripts", default=",".join(SCRIPTS), help="row names, comma-separated (see SCRIPTS)"
+    )
     p.add_argument("--seeds", type=int, default=8)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
-    p.add_argument("--budget", type=int, default=0, help="env steps per cell in place of the task's (0: the "
-                   "task's); the cell records the steps it ran")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=0,
+        help="env steps per cell in place of the task's (0: the "
+        "task's); the cell records the steps it ran",
+    )
     p.add_argument("--report", action="store_true", help="only rewrite bench/SUITE.md and the PNGs")
     args = p.parse_args()
     tasks, scripts = args.tasks.split(","), args.scripts.split(",")
     unknown = [t for t in tasks if t not in TASKS] + [s for s in scripts if s not in SCRIPTS]
     if unknown:
-        sys.exit(f"unknown task or row: {', '.join(unknown)}; tasks: {', '.join(TASKS)}; rows: {', '.join(SCRIPTS)}")
+        sys.exit(
+            f"unknown task or row: {', '.join(unknown)}; tasks: {', '.join(TASKS)}; rows: {', '.join(SCRIPTS)}"
+        )
     OUT.mkdir(parents=True, exist_ok=True)
     cells = json.loads(CELLS.read_text()) if CELLS.exists() else {}
     if not args.report:
@@ -272,8 +413,15 @@ def main() -> None:
                 cell = run_cell(task, row, args.seeds, Path(tmp), args.timeout, args.budget)
                 cells[f"{task} | {row}"] = cell
                 CELLS.write_text(json.dumps(cells, indent=1, sort_keys=True))
-                print(f"{task:<20} {row:<30} " + (cell.get("error") or f"mean {cell['mean']:.3g} worst "
-                      f"{cell['worst']:.3g} in {cell['wall_s']:.0f} s"), flush=True)
+                print(
+                    f"{task:<20} {row:<30} "
+                    + (
+                        cell.get("error")
+                        or f"mean {cell['mean']:.3g} worst "
+                        f"{cell['worst']:.3g} in {cell['wall_s']:.0f} s"
+                    ),
+                    flush=True,
+                )
     randoms = json.loads(RANDOM.read_text()) if RANDOM.exists() else {}
     for task in {key.split(" | ")[0] for key in cells} - set(randoms):
         randoms[task] = random_return(task)

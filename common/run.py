@@ -363,9 +363,8 @@ def compile_programs(setup: Setup) -> Programs:
         if epochs is not None and setup.hosts == 1:
             try:
                 lowered = epochs.lower(setup.template, setup.values, 1)
-            except (
-                OverflowError
-            ):  # a count past 32 bits, e.g. the learning-rate schedule's gradient steps
+            # a count past 32 bits, e.g. the learning-rate schedule's gradient steps
+            except OverflowError:
                 raise cli.ConfigError(
                     f"--total-steps {config.total_steps:,} makes a count of this run (its "
                     f"gradient steps: epochs x gradient steps per epoch) larger than 32-bit "

@@ -1,4 +1,5 @@
 """Test setup: XLA flags (before jax is imported) and the repo on sys.path."""
+
 import faulthandler
 import os
 import sys

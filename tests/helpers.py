@@ -1,8 +1,10 @@
-"""What several test files share: moving results to the host and the NumPy references they check against.
+"""What several test files share: moving results to the host and the NumPy references they check
+against.
 
 Each reference is a plain loop in float64, written independently of the code under test. The tiny
 ppo_joint trainer is the one run that the tests of common/ (checkpoints, train) drive.
 """
+
 import contextlib
 import functools
 import importlib
@@ -32,11 +34,20 @@ def first(tree):
 def script_env(n_devices: int = 1, **extra) -> dict:
     """The environment for a script a test starts: this process's, with one CPU device as a user has
     (or `n_devices`), the tests' other XLA flags (conftest.py), no wandb account, and `extra`."""
-    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
-             if not flag.startswith("--xla_force_host_platform_device_count")]
+    flags = [
+        flag
+        for flag in os.environ.get("XLA_FLAGS", "").split()
+        if not flag.startswith("--xla_force_host_platform_device_count")
+    ]
     if n_devices > 1:
         flags.append(f"--xla_force_host_platform_device_count={n_devices}")
-    return {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu", "WANDB_MODE": "disabled", **extra}
+    return {
+        **os.environ,
+        "XLA_FLAGS": " ".join(flags),
+        "JAX_PLATFORMS": "cpu",
+        "WANDB_MODE": "disabled",
+        **extra,
+    }
 
 
 def slow_for(names, *slow) -> list:
@@ -46,24 +57,38 @@ def slow_for(names, *slow) -> list:
 
 
 def command(script: str, *args, cwd) -> subprocess.CompletedProcess:
-    """`python algos/SCRIPT.py ARGS` run from `cwd` in this process: its exit status, stdout and stderr as
-    `subprocess.run` returns them, without the seconds a new process spends importing JAX. For command
-    lines that end before anything compiles (--help, a refused flag); an exception that is not a user's
-    error propagates, as a traceback would print."""
+    """`python algos/SCRIPT.py ARGS` run from `cwd` in this process: its exit status, stdout and
+    stderr as `subprocess.run` returns them, without the seconds a new process spends importing JAX.
+    For command lines that end before anything compiles (--help, a refused flag); an exception that
+    is not a user's error propagates, as a traceback would print."""
     module = importlib.import_module(f"algos.{script}")
     stdout, stderr, status = io.StringIO(), io.StringIO(), 0
-    with contextlib.chdir(cwd), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    with (
+        contextlib.chdir(cwd),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
         try:
             argv = list(map(str, args))
-            if hasattr(module, "main"):  # skip_transformer's own, which adds the return at every depth
+            # skip_transformer's own, which adds the return at every depth
+            if hasattr(module, "main"):
                 module.main(argv)
             else:
-                run.main(module.Config, module.make_trainer, script, module.__doc__.split("\n\n")[0], argv)
-        except SystemExit as exit:  # as Python ends a process: a message goes to stderr with status 1
+                run.main(
+                    module.Config,
+                    module.make_trainer,
+                    script,
+                    module.__doc__.split("\n\n")[0],
+                    argv,
+                )
+        # as Python ends a process: a message goes to stderr with status 1
+        except SystemExit as exit:
             if isinstance(exit.code, str):
                 print(exit.code, file=sys.stderr)
             status = 1 if isinstance(exit.code, str) else exit.code or 0
-    return subprocess.CompletedProcess([script, *args], status, stdout.getvalue(), stderr.getvalue())
+    return subprocess.CompletedProcess(
+        [script, *args], status, stdout.getvalue(), stderr.getvalue()
+    )
 
 
 def np_gae(rewards, values, next_values, terminated, dones, gamma, lam):
@@ -94,19 +119,31 @@ def np_log_softmax(logits):
 SCRIPTS = ["ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer"]
 TINY_BY_SCRIPT = {
     "ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2),
-    "awr": dict(num_envs=4, num_steps=16, policy_steps=4, value_steps=4, policy_batch_size=32,
-                value_batch_size=32, n_replay_epochs=2),
-    "actor_critic": dict(num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32, value_train_steps=4),
+    "awr": dict(
+        num_envs=4,
+        num_steps=16,
+        policy_steps=4,
+        value_steps=4,
+        policy_batch_size=32,
+        value_batch_size=32,
+        n_replay_epochs=2,
+    ),
+    "actor_critic": dict(
+        num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32, value_train_steps=4
+    ),
     "reinforce": dict(num_envs=4, num_steps=16, batch_size=32),
     "dqn_value": dict(num_envs=4, num_steps=4, update_steps=4, batch_size=8, n_replay_epochs=3),
-    "skip_transformer": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, skip_warmup_steps=0),
+    "skip_transformer": dict(
+        num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, skip_warmup_steps=0
+    ),
 }
 
 
 def quick_compile(make_trainer, config, keys):
-    """`(trainer, init, epoch)` for `config`: init and epoch mapped as train() maps them (the epoch without
-    donating its input, so a test may run it again from the same state) and compiled with XLA's backend
-    optimisation off, as a test runs them a few times only. `init(keys)` starts the run."""
+    """`(trainer, init, epoch)` for `config`: init and epoch mapped as train() maps them (the epoch
+    without donating its input, so a test may run it again from the same state) and compiled with
+    XLA's backend optimisation off, as a test runs them a few times only. `init(keys)` starts the
+    run."""
     trainer = make_trainer(config)
     init = devices.map_init(trainer.init).lower(keys)
     epoch = devices.map_epoch(trainer.epoch, config.n_devices, donate=False).lower(init.out_info)

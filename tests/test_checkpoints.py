@@ -1,6 +1,7 @@
-"""common/checkpoints.py: a round trip, the newest `keep` kept, a mismatched or corrupt file named with
-its fix, and a write that dies leaving the last good checkpoint. The state is the tiny ppo_joint
-trainer's (`helpers.initial_state`)."""
+"""common/checkpoints.py: a round trip, the newest `keep` kept, a mismatched or corrupt file named
+with its fix, and a write that dies leaving the last good checkpoint. The state is the tiny
+ppo_joint trainer's (`helpers.initial_state`)."""
+
 import dataclasses
 import json
 
@@ -35,7 +36,8 @@ def test_checkpoint_round_trip(tmp_path, init_state):
     checkpoints.save(tmp_path, state, 7, keep=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000007.npz"]
     assert checkpoints.latest(tmp_path) == tmp_path / "epoch_000007.npz"
-    with np.load(tmp_path / "epoch_000007.npz", allow_pickle=False) as data:  # plain arrays, no pickle
+    # plain arrays, no pickle
+    with np.load(tmp_path / "epoch_000007.npz", allow_pickle=False) as data:
         assert json.loads(bytes(data["meta"]).decode())["epoch"] == 7
 
 
@@ -58,8 +60,11 @@ def test_corrupt_checkpoint_raises(tmp_path, init_state, damage):
     c, state = init_state
     path = checkpoints.save(tmp_path, state, 1)
     data = path.read_bytes()
-    path.write_bytes({"garbage": b"not a checkpoint" * 100, "truncated": data[: len(data) // 2],
-                      "empty": b""}[damage])
+    path.write_bytes(
+        {"garbage": b"not a checkpoint" * 100, "truncated": data[: len(data) // 2], "empty": b""}[
+            damage
+        ]
+    )
     with pytest.raises(ValueError, match="corrupt") as info:
         checkpoints.load(path, jax.eval_shape(c.init, run_keys(0)))
     assert str(path) in str(info.value)
@@ -85,13 +90,21 @@ def test_checkpoint_write_is_atomic(tmp_path, init_state, monkeypatch):
 
 
 def test_a_checkpoint_of_other_devices_names_the_device_flag(tmp_path, init_state):
-    """A one-device run resumed where two devices are the default: the message says --n-devices 1. Two devices
-    hold half of the environments each, so the state's other axes differ too."""
+    """A one-device run resumed where two devices are the default: the message says --n-devices 1.
+    Two devices hold half of the environments each, so the state's other axes differ too."""
     c, state = init_state
     path = checkpoints.save(tmp_path, state, 1)
     trainer = make_trainer(dataclasses.replace(c.config, n_devices=2))
     two = jax.eval_shape(devices.map_init(trainer.init), run_keys(0, n_devices=2))
-    assert two.obs.shape[:3] == (2, 2, 2) and state.obs.shape[:3] == (1, 2, 4)  # [devices, seeds, envs]
-    with pytest.raises(cli.ConfigError, match=r"holds the state of 1 device\(s\) and this run has 2: resume with "
-                                              r"--n-devices 1"):
+    # [devices, seeds, envs]
+    assert two.obs.shape[:3] == (2, 2, 2) and state.obs.shape[:3] == (
+        1,
+        2,
+        4,
+    )
+    with pytest.raises(
+        cli.ConfigError,
+        match=r"holds the state of 1 device\(s\) and this run has 2: resume with "
+        r"--n-devices 1",
+    ):
         checkpoints.load(path, two)

@@ -1,4 +1,5 @@
 """The command line exactly as the README runs it: subprocesses from another directory."""
+
 import json
 import re
 import signal
@@ -13,12 +14,23 @@ from helpers import command, script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "ppo_joint.py"
-TINY = ["--num-envs", "4", "--num-steps", "32", "--total-steps", "1280", "--eval-every", "0",
-        "--eval-episodes", "4"]
+TINY = [
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "32",
+    "--total-steps",
+    "1280",
+    "--eval-every",
+    "0",
+    "--eval-episodes",
+    "4",
+]
 
 
 def tiny(*args):
-    """TINY and `args`, which replace TINY's values of the flags they give (a flag may be given once)."""
+    """TINY and `args`, which replace TINY's values of the flags they give (a flag may be given
+    once)."""
     drop = {i for i, a in enumerate(TINY) if a.startswith("--") and a in args}
     drop |= {i + 1 for i in drop if i + 1 < len(TINY) and not TINY[i + 1].startswith("--")}
     return [a for i, a in enumerate(TINY) if i not in drop] + list(args)
@@ -29,8 +41,14 @@ def env():
 
 
 def cli(*args, cwd, timeout=300):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)],
+        cwd=cwd,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_help_lists_every_flag_with_default(tmp_path):
@@ -51,15 +69,20 @@ def test_run_writes_outputs(tmp_path):
     out = cli(*TINY, "--out-dir", out_dir, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "eval return" in out.stdout and "epoch" in out.stdout
-    # each progress line: the epochs' rate, the run's own by the wall clock, the time elapsed and left
+    # each progress line: the epochs' rate, the run's own by the wall clock, the time elapsed and
+    # left
     progress = [line for line in out.stdout.splitlines() if line.startswith("epoch")]
-    assert progress and all(re.search(r"\| sps +[\d,]+ \|.*\| wall sps +[\d,]+ \| \d+s elapsed, ~\d+s left$", line)
-                            for line in progress), progress
+    assert progress and all(
+        re.search(r"\| sps +[\d,]+ \|.*\| wall sps +[\d,]+ \| \d+s elapsed, ~\d+s left$", line)
+        for line in progress
+    ), progress
     config = json.loads((out_dir / "config.json").read_text())
     assert config["num_envs"] == 4 and config["env"] == "CartPole-v1"
-    lines = [json.loads(l) for l in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [l["epoch"] for l in lines] == list(range(1, 11))
-    assert lines[-1]["env_steps"] == 1280 and "loss/joint" in lines[-1] and "eval/return" in lines[-1]
+    lines = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == list(range(1, 11))
+    assert (
+        lines[-1]["env_steps"] == 1280 and "loss/joint" in lines[-1] and "eval/return" in lines[-1]
+    )
     summary = json.loads((out_dir / "summary.json").read_text())
     for key in ("eval_return", "env_steps", "wall_time_s", "compile_time_s", "sps", "wall_sps"):
         assert np.isfinite(summary[key]), key
@@ -67,14 +90,17 @@ def test_run_writes_outputs(tmp_path):
     assert list((out_dir / "checkpoints").glob("epoch_000010.npz"))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--env", "CartPol-v1"], "not a gymnax environment"),
-    (["--std", "network"], "applies to continuous actions"),
-    (["--num-minibatches", "5"], "does not divide the per-device batch"),
-    (["--n-devices", "3"], "--n-devices 3"),
-    (["--num-envs", "0"], "--num-envs must be at least 1"),
-    (["--lr", "-1"], "positive learning rate"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env", "CartPol-v1"], "not a gymnax environment"),
+        (["--std", "network"], "applies to continuous actions"),
+        (["--num-minibatches", "5"], "does not divide the per-device batch"),
+        (["--n-devices", "3"], "--n-devices 3"),
+        (["--num-envs", "0"], "--num-envs must be at least 1"),
+        (["--lr", "-1"], "positive learning rate"),
+    ],
+)
 def test_bad_input_fails_before_compiling(tmp_path, args, message):
     out = command("ppo_joint", *tiny(*args), "--out-dir", tmp_path / "run", cwd=tmp_path)
     assert out.returncode != 0
@@ -96,11 +122,18 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
 @pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 @pytest.mark.parametrize("signum, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_then_resume_and_eval_only(tmp_path, signum, exit_code):
-    """Ctrl-C, or SIGTERM as a job scheduler sends it, stops after the running epochs with a checkpoint."""
+    """Ctrl-C, or SIGTERM as a job scheduler sends it, stops after the running epochs with a
+    checkpoint."""
     out_dir = tmp_path / "run"
     args = [*tiny("--total-steps", "4000000"), "--checkpoint-every", "1000", "--out-dir", out_dir]
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args)], cwd=tmp_path, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *map(str, args)],
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = out_dir / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):

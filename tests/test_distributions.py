@@ -2,6 +2,7 @@
 
 References are written with NumPy / math, never with distrax.
 """
+
 import math
 
 import chex
@@ -73,12 +74,17 @@ def test_categorical_log_prob_and_entropy_closed_form():
     ref = np_log_softmax(LOGITS)
     for a in range(4):
         actions = jnp.full((3,), a, jnp.int32)
-        np.testing.assert_allclose(dist.log_prob(jnp.asarray(LOGITS), actions), ref[:, a], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            dist.log_prob(jnp.asarray(LOGITS), actions), ref[:, a], rtol=1e-5, atol=1e-6
+        )
     mixed = jnp.array([2, 0, 3])
-    np.testing.assert_allclose(dist.log_prob(jnp.asarray(LOGITS), mixed), ref[[0, 1, 2], [2, 0, 3]], rtol=1e-5)
+    np.testing.assert_allclose(
+        dist.log_prob(jnp.asarray(LOGITS), mixed), ref[[0, 1, 2], [2, 0, 3]], rtol=1e-5
+    )
     entropy = -np.sum(np.exp(ref) * ref, axis=-1)
     np.testing.assert_allclose(dist.entropy(jnp.asarray(LOGITS)), entropy, rtol=1e-5)
-    np.testing.assert_allclose(entropy[2], math.log(4), rtol=1e-6)  # the uniform row, sanity of the reference
+    # the uniform row, sanity of the reference
+    np.testing.assert_allclose(entropy[2], math.log(4), rtol=1e-6)
 
 
 def test_categorical_samples_match_probs_and_mc_entropy():
@@ -105,7 +111,9 @@ def test_categorical_temperature():
     # temperature 2: samples from softmax(logits / 2)
     samples = np.asarray(dist.sample(logits, jax.random.PRNGKey(1), temperature=2.0))
     probs = np.exp(np_log_softmax(LOGITS[0] / 2.0))
-    np.testing.assert_allclose(np.bincount(samples, minlength=4) / N_MC, probs, atol=5 * np.sqrt(0.25 / N_MC))
+    np.testing.assert_allclose(
+        np.bincount(samples, minlength=4) / N_MC, probs, atol=5 * np.sqrt(0.25 / N_MC)
+    )
 
 
 def test_categorical_head_and_clip():
@@ -132,8 +140,9 @@ def test_gaussian_log_prob_and_entropy_closed_form(std):
     dist = make_distribution(box((2,)), std=std)
     inputs = jnp.asarray(np.concatenate([MEAN, LOG_STD], -1))
     x = np.array([[0.1, -0.4], [3.5, 0.05]], np.float32)
-    np.testing.assert_allclose(dist.log_prob(inputs, jnp.asarray(x)), np_gaussian_log_prob(x, MEAN, LOG_STD),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        dist.log_prob(inputs, jnp.asarray(x)), np_gaussian_log_prob(x, MEAN, LOG_STD), rtol=1e-5
+    )
     np.testing.assert_allclose(dist.entropy(inputs), np_gaussian_entropy(LOG_STD), rtol=1e-5)
 
 
@@ -141,11 +150,17 @@ def test_gaussian_matrix_shaped_box():
     dist = make_distribution(box((2, 3)))
     assert dist.n_inputs == 12 and dist.action_shape == (2, 3)
     rng = np.random.default_rng(0)
-    mean, log_std = rng.normal(size=(4, 6)).astype(np.float32), rng.normal(size=(4, 6)).astype(np.float32) * 0.3
+    mean, log_std = (
+        rng.normal(size=(4, 6)).astype(np.float32),
+        rng.normal(size=(4, 6)).astype(np.float32) * 0.3,
+    )
     inputs = jnp.asarray(np.concatenate([mean, log_std], -1))
     x = rng.normal(size=(4, 2, 3)).astype(np.float32)
-    np.testing.assert_allclose(dist.log_prob(inputs, jnp.asarray(x)),
-                               np_gaussian_log_prob(x.reshape(4, 6), mean, log_std), rtol=1e-5)
+    np.testing.assert_allclose(
+        dist.log_prob(inputs, jnp.asarray(x)),
+        np_gaussian_log_prob(x.reshape(4, 6), mean, log_std),
+        rtol=1e-5,
+    )
     chex.assert_shape(dist.sample(inputs, jax.random.PRNGKey(0)), (4, 2, 3))
     np.testing.assert_allclose(dist.mode(inputs), mean.reshape(4, 2, 3))
 
@@ -171,7 +186,9 @@ def test_gaussian_temperature_and_mode():
     dist = make_distribution(box((2,)))
     inputs = jnp.asarray(np.concatenate([MEAN, LOG_STD], -1))
     for seed in range(3):
-        np.testing.assert_array_equal(dist.sample(inputs, jax.random.PRNGKey(seed), temperature=0.0), MEAN)
+        np.testing.assert_array_equal(
+            dist.sample(inputs, jax.random.PRNGKey(seed), temperature=0.0), MEAN
+        )
     np.testing.assert_array_equal(dist.mode(inputs), MEAN)
     # temperature scales the noise: same key, twice the deviation from the mean
     key = jax.random.PRNGKey(3)
@@ -182,15 +199,20 @@ def test_gaussian_temperature_and_mode():
 
 
 def test_gaussian_clip_action_only_clips():
-    dist = make_distribution(spaces.Box(low=jnp.array([-2.0, 0.0]), high=jnp.array([2.0, 1.0]), shape=(2,)))
+    dist = make_distribution(
+        spaces.Box(low=jnp.array([-2.0, 0.0]), high=jnp.array([2.0, 1.0]), shape=(2,))
+    )
     actions = jnp.array([[-3.0, 0.5], [1.0, 7.0], [0.0, -0.1]])
     np.testing.assert_array_equal(dist.clip_action(actions), [[-2.0, 0.5], [1.0, 1.0], [0.0, 0.0]])
     # log-probs use the unclipped sample: an action outside the box keeps its own density
     inputs = jnp.zeros((3, 4))
     lp = np.asarray(dist.log_prob(inputs, actions))
-    np.testing.assert_allclose(lp, np_gaussian_log_prob(np.asarray(actions), np.zeros((3, 2)), np.zeros((3, 2))),
-                               rtol=1e-5)
-    assert lp[0] != pytest.approx(float(dist.log_prob(inputs[:1], dist.clip_action(actions[:1]))[0]))
+    np.testing.assert_allclose(
+        lp, np_gaussian_log_prob(np.asarray(actions), np.zeros((3, 2)), np.zeros((3, 2))), rtol=1e-5
+    )
+    assert lp[0] != pytest.approx(
+        float(dist.log_prob(inputs[:1], dist.clip_action(actions[:1]))[0])
+    )
 
 
 def test_gaussian_heads():
@@ -206,7 +228,9 @@ def test_gaussian_heads():
     np.testing.assert_allclose(out[:, 3:], np.broadcast_to([0.1, -0.2, 0.3], (5, 3)))
     np.testing.assert_allclose(out[:, :3], features @ head["w"] + head["b"], rtol=1e-6)
     # the log std gets a gradient through log_prob
-    grad = jax.grad(lambda h: dist.log_prob(dist.policy_head(h, features), jnp.ones((5, 3))).sum())(head)
+    grad = jax.grad(lambda h: dist.log_prob(dist.policy_head(h, features), jnp.ones((5, 3))).sum())(
+        head
+    )
     assert np.all(np.asarray(grad["log_std"]) != 0)
     # network: the dense layer emits means and log stds, which depend on the state
     dist = make_distribution(box((3,)), std="network")

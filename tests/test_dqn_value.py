@@ -7,6 +7,7 @@ that each test takes a few seconds once its program is compiled; programs are
 shared through a module-level cache and the session's persistent compilation
 cache (tests/conftest.py).
 """
+
 import functools
 import json
 import subprocess
@@ -21,8 +22,20 @@ import numpy as np
 import pytest
 
 from algos import dqn_value
-from algos.dqn_value import (Batch, Config, Transition, bootstrap_value, dqn_loss, epsilon_schedule, init_replay,
-                             make_trainer, n_step_return, replay_push, sample_batch, td_loss)
+from algos.dqn_value import (
+    Batch,
+    Config,
+    Transition,
+    bootstrap_value,
+    dqn_loss,
+    epsilon_schedule,
+    init_replay,
+    make_trainer,
+    n_step_return,
+    replay_push,
+    sample_batch,
+    td_loss,
+)
 from common import checkpoints, devices, envs, run
 from helpers import command, host, run_keys, script_env
 
@@ -30,8 +43,18 @@ from helpers import command, host, run_keys, script_env
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "dqn_value.py"
 # epsilon 1 in the first epoch (random actions), then 1e-30, then 0: greedy from the second epoch on
-TINY = dict(num_envs=4, num_steps=8, update_steps=4, batch_size=16, n_replay_epochs=3, n_step=3, sync_freq=6,
-            eps_decay=1e-30, eps_min=0.0, total_steps=4 * 8 * 20)
+TINY = dict(
+    num_envs=4,
+    num_steps=8,
+    update_steps=4,
+    batch_size=16,
+    n_replay_epochs=3,
+    n_step=3,
+    sync_freq=6,
+    eps_decay=1e-30,
+    eps_min=0.0,
+    total_steps=4 * 8 * 20,
+)
 TIME_LIMIT = 12  # random CartPole episodes last 8 to ~40 steps: some terminate, some are truncated
 NUM_SEEDS = 2
 
@@ -41,7 +64,8 @@ def tiny(**overrides) -> Config:
 
 
 class Compiled:
-    """A trainer on CartPole-v1 cut at TIME_LIMIT steps, with its init and epoch compiled as train() does."""
+    """A trainer on CartPole-v1 cut at TIME_LIMIT steps, with its init and epoch compiled as train()
+    does."""
 
     def __init__(self, config: Config):
         make_env = envs.make_env
@@ -66,7 +90,8 @@ def compiled(**overrides) -> Compiled:
 # n-step targets against a NumPy loop
 # ----------------------------------------------------------------------------
 def np_n_step(rewards, terminated, cut, gamma):
-    """Walks each window: add gamma^k r_k until a cut or the window's end; bootstrap unless terminated."""
+    """Walks each window: add gamma^k r_k until a cut or the window's end; bootstrap unless
+    terminated."""
     N, n = rewards.shape
     returns, discount, last = np.zeros(N), np.zeros(N), np.zeros(N, int)
     for i in range(N):
@@ -90,7 +115,9 @@ def test_n_step_return_matches_numpy_loop(seed, n, gamma):
     head = rng.random((N, n)) < 0.05  # the newest stored step
     cut = terminated | truncated | head
     if n > 1:  # ends inside windows, of both kinds
-        assert (terminated[:, :-1] & ~truncated[:, :-1]).any() and (truncated[:, :-1] & ~terminated[:, :-1]).any()
+        assert (terminated[:, :-1] & ~truncated[:, :-1]).any() and (
+            truncated[:, :-1] & ~terminated[:, :-1]
+        ).any()
     got = jax.jit(functools.partial(n_step_return, gamma=gamma))(rewards, terminated, cut)
     want = np_n_step(rewards, terminated, cut, gamma)
     np.testing.assert_allclose(got.returns, want[0], rtol=1e-5, atol=1e-5)
@@ -130,9 +157,11 @@ def test_td_loss_by_hand():
 
 def test_epsilon_schedule():
     epochs = np.array([0, 1, 10, 100, 229, 230, 1000])
-    want = np.maximum(0.1, 1.0 * 0.99 ** epochs)
+    want = np.maximum(0.1, 1.0 * 0.99**epochs)
     np.testing.assert_allclose(epsilon_schedule(epochs, 1.0, 0.99, 0.1), want, rtol=1e-5)  # float32
-    assert epsilon_schedule(229, 1.0, 0.99, 0.1) > 0.1 and epsilon_schedule(230, 1.0, 0.99, 0.1) == np.float32(0.1)
+    assert epsilon_schedule(229, 1.0, 0.99, 0.1) > 0.1 and epsilon_schedule(
+        230, 1.0, 0.99, 0.1
+    ) == np.float32(0.1)
     np.testing.assert_allclose(epsilon_schedule(3, 0.5, 0.5, 0.0), 0.0625)
 
 
@@ -148,16 +177,24 @@ def np_q(params, obs):
 
 def random_batch(seed, n=48, obs_dim=4, n_actions=3):
     rng = np.random.default_rng(seed)
-    return Batch(obs=jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32),
-                 action=jnp.asarray(rng.integers(0, n_actions, n), jnp.int32),
-                 returns=jnp.asarray(rng.normal(size=n) * 3, jnp.float32),
-                 discount=jnp.asarray(rng.choice([0.0, 0.99, 0.99 ** 3], n), jnp.float32),
-                 boot_obs=jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32))
+    return Batch(
+        obs=jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32),
+        action=jnp.asarray(rng.integers(0, n_actions, n), jnp.int32),
+        returns=jnp.asarray(rng.normal(size=n) * 3, jnp.float32),
+        discount=jnp.asarray(rng.choice([0.0, 0.99, 0.99**3], n), jnp.float32),
+        boot_obs=jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32),
+    )
 
 
-@pytest.mark.parametrize("double, loss, scale_targets", [
-    (False, "huber", False), (True, "huber", False), (False, "l2", True), (True, "l2", False),
-])
+@pytest.mark.parametrize(
+    "double, loss, scale_targets",
+    [
+        (False, "huber", False),
+        (True, "huber", False),
+        (False, "l2", True),
+        (True, "l2", False),
+    ],
+)
 def test_dqn_loss_matches_numpy(double, loss, scale_targets):
     config = tiny(double_dqn=double, loss=loss, scale_value_targets=scale_targets, gamma=0.9)
     params = dqn_value.init_network(jax.random.PRNGKey(0), 4, config.hidden, 3)
@@ -166,14 +203,20 @@ def test_dqn_loss_matches_numpy(double, loss, scale_targets):
     value, metrics = dqn_loss(params, target_params, batch, config)
 
     scale = 10.0 if scale_targets else 1.0  # 1 / (1 - gamma)
-    q_next, q_online = scale * np_q(target_params, batch.boot_obs), scale * np_q(params, batch.boot_obs)
+    q_next, q_online = (
+        scale * np_q(target_params, batch.boot_obs),
+        scale * np_q(params, batch.boot_obs),
+    )
     assert (q_next.argmax(1) != q_online.argmax(1)).mean() > 0.2  # the two bootstraps differ
     best = (q_online if double else q_next).argmax(1)
     y = np.asarray(batch.returns) + np.asarray(batch.discount) * q_next[np.arange(48), best]
     q = scale * np_q(params, batch.obs)[np.arange(48), np.asarray(batch.action)]
     err = (q - y) / scale
-    want = np.mean(err ** 2) if loss == "l2" else np.mean(np.where(np.abs(err) <= 1, 0.5 * err ** 2,
-                                                                    np.abs(err) - 0.5))
+    want = (
+        np.mean(err**2)
+        if loss == "l2"
+        else np.mean(np.where(np.abs(err) <= 1, 0.5 * err**2, np.abs(err) - 0.5))
+    )
     np.testing.assert_allclose(value, want, rtol=1e-4)
     np.testing.assert_allclose(metrics["loss/value"], want, rtol=1e-4)
     np.testing.assert_allclose(metrics["q/mean"], q.mean(), rtol=1e-4, atol=1e-5)
@@ -203,13 +246,20 @@ def test_pmean_of_half_batch_gradients_equals_full_batch():
 
     add_axes = lambda n: lambda x: jnp.broadcast_to(x, (n, 1) + x.shape)  # noqa: E731  [D, seeds, ...]
     halves = jax.tree.map(lambda x: x.reshape((2, 1, 32) + x.shape[1:]), batch)
-    two = host(devices.map_epoch(step, 2, donate=False)((jax.tree.map(add_axes(2), params), halves)))
-    one = host(devices.map_epoch(step, 1, donate=False)((jax.tree.map(add_axes(1), params),
-                                                          jax.tree.map(lambda x: x[None, None], batch))))
+    two = host(
+        devices.map_epoch(step, 2, donate=False)((jax.tree.map(add_axes(2), params), halves))
+    )
+    one = host(
+        devices.map_epoch(step, 1, donate=False)(
+            (jax.tree.map(add_axes(1), params), jax.tree.map(lambda x: x[None, None], batch))
+        )
+    )
     at = lambda tree, i: jax.tree.map(lambda x: x[i, 0], tree)  # noqa: E731
     chex.assert_trees_all_equal(at(two, 0), at(two, 1))
     chex.assert_trees_all_close(at(two, 0), at(one, 0), rtol=1e-5, atol=1e-6)
-    half, _ = jax.grad(dqn_loss, has_aux=True)(params, target_params, jax.tree.map(lambda x: x[:32], batch), config)
+    half, _ = jax.grad(dqn_loss, has_aux=True)(
+        params, target_params, jax.tree.map(lambda x: x[:32], batch), config
+    )
     assert not np.allclose(half["head"]["w"], at(one, 0)["head"]["w"], rtol=1e-3)
 
 
@@ -220,7 +270,8 @@ T, B, EPOCHS_KEPT, N_STEP, GAMMA = 3, 2, 4, 3, 0.5
 
 
 def logical_series(n_epochs, seed=0):
-    """`[n_epochs * T, B]` steps; obs encode (time, env); final_obs of an episode's last step is its final obs."""
+    """`[n_epochs * T, B]` steps; obs encode (time, env); final_obs of an episode's last step is its
+    final obs."""
     rng = np.random.default_rng(seed)
     steps = n_epochs * T
     t = np.arange(steps)[:, None] * np.ones((1, B))
@@ -228,27 +279,40 @@ def logical_series(n_epochs, seed=0):
     done = rng.random((steps, B)) < 0.25
     terminated = done & (rng.random((steps, B)) < 0.5)
     obs = np.stack([t, b], -1).astype(np.float32)
-    final_obs = np.stack([t + np.where(done, 0.5, 1.0), b], -1).astype(np.float32)  # after a reset: t + 0.5
-    return Transition(obs=obs, action=t.astype(np.int32), reward=rng.normal(size=(steps, B)).astype(np.float32),
-                      terminated=terminated, done=done, final_obs=final_obs)
+    # after a reset: t + 0.5
+    final_obs = np.stack([t + np.where(done, 0.5, 1.0), b], -1).astype(np.float32)
+    return Transition(
+        obs=obs,
+        action=t.astype(np.int32),
+        reward=rng.normal(size=(steps, B)).astype(np.float32),
+        terminated=terminated,
+        done=done,
+        final_obs=final_obs,
+    )
 
 
 def test_ring_buffer_keeps_the_last_epochs_and_samples_them():
-    """The compact replay (each observation once, final observations of truncations in a small ring) samples
-    the batches a plain one would, every row holding its s_{t+1}: those of the logical series."""
+    """The compact replay (each observation once, final observations of truncations in a small ring)
+    samples the batches a plain one would, every row holding its s_{t+1}: those of the logical
+    series."""
     capacity, n_epochs = EPOCHS_KEPT * T, 7
-    series = logical_series(n_epochs + 1)  # the last epoch's first observations follow the last rollout
+    # the last epoch's first observations follow the last rollout
+    series = logical_series(n_epochs + 1)
     truncated = series.done & ~series.terminated
-    # the most truncations any `capacity` rows of an environment hold: a ring of that many slots, no more
-    n_final = max(truncated[t:t + capacity].sum(0).max() for t in range(n_epochs * T - capacity + 1))
+    # the most truncations any `capacity` rows of an environment hold: a ring of that many slots, no
+    # more
+    n_final = max(
+        truncated[t : t + capacity].sum(0).max() for t in range(n_epochs * T - capacity + 1)
+    )
     replay = init_replay(capacity, n_final, jnp.asarray(series.obs[0]))
     push, sample = jax.jit(replay_push), jax.jit(sample_batch, static_argnums=(2, 3, 4))
     head_windows = truncations = 0
     for epoch in range(n_epochs):
-        rollout = jax.tree.map(lambda x: x[epoch * T:(epoch + 1) * T], series)
+        rollout = jax.tree.map(lambda x: x[epoch * T : (epoch + 1) * T], series)
         replay = push(replay, rollout, series.obs[(epoch + 1) * T])
         newest = (epoch + 1) * T - 1
-        kept = range(max(0, newest + 1 - capacity), newest + 1)  # times held: the last EPOCHS_KEPT epochs
+        # times held: the last EPOCHS_KEPT epochs
+        kept = range(max(0, newest + 1 - capacity), newest + 1)
         # every time t sits at row t % capacity, with its own index
         stored = np.asarray(replay.data.action)
         for t in kept:
@@ -257,8 +321,9 @@ def test_ring_buffer_keeps_the_last_epochs_and_samples_them():
 
         batch = host(sample(replay, jax.random.PRNGKey(epoch), 2000, N_STEP, GAMMA))
         t0, b0 = batch.obs[:, 0].astype(int), batch.obs[:, 1].astype(int)
-        assert set(t0) == set(kept)  # uniform over the filled part: every held step is drawn, nothing else
-        counts = np.bincount(t0 * B + b0, minlength=(newest + 1) * B)[kept[0] * B:]
+        # uniform over the filled part: every held step is drawn, nothing else
+        assert set(t0) == set(kept)
+        counts = np.bincount(t0 * B + b0, minlength=(newest + 1) * B)[kept[0] * B :]
         assert counts.min() > 0.6 * counts.mean() and counts.max() < 1.4 * counts.mean()
         np.testing.assert_array_equal(batch.action, t0)
         # n-step parts from the logical series: windows stop at an end or at the newest step,
@@ -271,22 +336,38 @@ def test_ring_buffer_keeps_the_last_epochs_and_samples_them():
                 weight *= GAMMA
                 if series.done[t, b0[i]] or t == newest or t == t0[i] + N_STEP - 1:
                     break
-            want[:, i] = g, 0.0 if series.terminated[t, b0[i]] else weight, series.final_obs[t, b0[i], 0]
+            want[:, i] = (
+                g,
+                0.0 if series.terminated[t, b0[i]] else weight,
+                series.final_obs[t, b0[i], 0],
+            )
         np.testing.assert_allclose(batch.returns, want[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(batch.discount, want[1])
-        boots = want[1] > 0  # a terminated window's s' is left out of its target (the discount is 0)
-        np.testing.assert_array_equal(batch.boot_obs[boots, 0], want[2][boots])  # t + 1, or t + 0.5 for a final obs
+        # a terminated window's s' is left out of its target (the discount is 0)
+        boots = want[1] > 0
+        # t + 1, or t + 0.5 for a final obs
+        np.testing.assert_array_equal(batch.boot_obs[boots, 0], want[2][boots])
         np.testing.assert_array_equal(batch.boot_obs[:, 1], b0)
         truncations += np.sum(boots & (want[2] % 1 == 0.5))
         head_windows += np.sum((t0 == newest - 1) & ~series.done[newest - 1, b0])
-    assert head_windows > 0 and truncations > 0  # windows cut by the newest step and by time limits were drawn
+    # windows cut by the newest step and by time limits were drawn
+    assert head_windows > 0 and truncations > 0
 
 
 # ----------------------------------------------------------------------------
 # The compiled epoch
 # ----------------------------------------------------------------------------
-KEYS = ("loss/value", "q/mean", "q/target_mean", "policy/epsilon", "replay/size", "optim/grad_norm",
-        "episode/return", "episode/length", "episode/count")
+KEYS = (
+    "loss/value",
+    "q/mean",
+    "q/target_mean",
+    "policy/epsilon",
+    "replay/size",
+    "optim/grad_norm",
+    "episode/return",
+    "episode/length",
+    "episode/count",
+)
 
 
 def test_epoch_metrics_replay_collection_and_target_sync():
@@ -305,21 +386,30 @@ def test_epoch_metrics_replay_collection_and_target_sync():
         for key, value in metrics.items():
             chex.assert_shape(value, (1, NUM_SEEDS))
             assert key.startswith("episode/") or np.all(np.isfinite(value)), key
-        np.testing.assert_allclose(metrics["policy/epsilon"], max(0.0, 1e-30 ** (epoch - 1)), rtol=1e-5, atol=1e-35)
+        np.testing.assert_allclose(
+            metrics["policy/epsilon"], max(0.0, 1e-30 ** (epoch - 1)), rtol=1e-5, atol=1e-35
+        )
         np.testing.assert_array_equal(metrics["replay/size"], min(epoch, 3) * 8 * 4)
         ended = metrics["episode/count"] > 0  # NaN episode statistics where no episode ended
         assert np.all(np.isfinite(metrics["episode/return"]) == ended)
-        np.testing.assert_allclose(metrics["episode/return"][ended], metrics["episode/length"][ended])
+        np.testing.assert_allclose(
+            metrics["episode/return"][ended], metrics["episode/length"][ended]
+        )
         assert np.all(now.step == 4 * epoch) and np.all(now.epoch == epoch)
-        assert np.all(now.replay.position == (8 * epoch) % 24) and np.all(now.replay.filled == min(8 * epoch, 24))
-        assert not np.allclose(now.params["head"]["w"], before.params["head"]["w"])  # the update happened
+        assert np.all(now.replay.position == (8 * epoch) % 24) and np.all(
+            now.replay.filled == min(8 * epoch, 24)
+        )
+        # the update happened
+        assert not np.allclose(now.params["head"]["w"], before.params["head"]["w"])
 
         # STORE: the rollout went where the position said; the other rows are kept
         pos = int(before.replay.position[0, 0])
-        new = jax.tree.map(lambda x: x[0, :, pos:pos + 8], now.replay.data)  # [seeds, T, B, ...]
-        assert not np.array_equal(new.obs, before.replay.data.obs[0, :, pos:pos + 8])
+        new = jax.tree.map(lambda x: x[0, :, pos : pos + 8], now.replay.data)  # [seeds, T, B, ...]
+        assert not np.array_equal(new.obs, before.replay.data.obs[0, :, pos : pos + 8])
         keep = [r for r in range(24) if not pos <= r < pos + 8]
-        np.testing.assert_array_equal(now.replay.data.obs[:, :, keep], before.replay.data.obs[:, :, keep])
+        np.testing.assert_array_equal(
+            now.replay.data.obs[:, :, keep], before.replay.data.obs[:, :, keep]
+        )
         # a truncated step's final observation (within the pole and cart limits) is in its slot, and
         # differs from the next row's (the reset's); other steps have none
         truncated = new.done & ~new.terminated
@@ -337,12 +427,14 @@ def test_epoch_metrics_replay_collection_and_target_sync():
         elif epoch >= 3:
             for seed in range(NUM_SEEDS):
                 params = jax.tree.map(lambda x: x[0, seed], before.params)
-                np.testing.assert_array_equal(new.action[seed], np_q(params, new.obs[seed]).argmax(-1))
+                np.testing.assert_array_equal(
+                    new.action[seed], np_q(params, new.obs[seed]).argmax(-1)
+                )
     assert np.all(ends >= 2), ends  # both kinds of episode end were stored
 
     first, second, third, fourth = history
-    # target: unchanged until step 6; synced inside epoch 2 (so neither the start nor the end of it);
-    # synced again at step 12 = the end of epoch 3; unchanged through epoch 4 (steps 13-16)
+    # target: unchanged until step 6; synced inside epoch 2 (so neither the start nor the end of
+    # it); synced again at step 12 = the end of epoch 3; unchanged through epoch 4 (steps 13-16)
     chex.assert_trees_all_equal(first.target_params, init_params)
     for a, b in ((second.target_params, init_params), (second.target_params, second.params)):
         assert not np.allclose(a["head"]["w"], b["head"]["w"])
@@ -351,17 +443,21 @@ def test_epoch_metrics_replay_collection_and_target_sync():
 
 
 def test_targets_bootstrap_from_the_target_network():
-    """A target network whose every output is 100 above the online network's raises each target by 100 times
-    its discount gamma^m (0 after a termination): the epoch bootstraps from the target network (the first
-    epoch's 4 steps come before the sync at step 6). Bootstrapping from the online network, nothing changes."""
+    """A target network whose every output is 100 above the online network's raises each target by
+    100 times its discount gamma^m (0 after a termination): the epoch bootstraps from the target
+    network (the first epoch's 4 steps come before the sync at step 6). Bootstrapping from the
+    online network, nothing changes."""
     c = compiled()
     same, shifted = c.init(run_keys(0)), c.init(run_keys(0))
     head = shifted.target_params["head"]
-    shifted = shifted._replace(target_params={**shifted.target_params, "head": {**head, "b": head["b"] + 100.0}})
+    shifted = shifted._replace(
+        target_params={**shifted.target_params, "head": {**head, "b": head["b"] + 100.0}}
+    )
     _, same = c.epoch(same)
     _, shifted = c.epoch(shifted)
     rise = host(shifted)["q/target_mean"] - host(same)["q/target_mean"]
-    assert np.all((rise > 0.99 ** 3 * 100 * 0.7) & (rise < 100.001)), rise  # 70%+ of the windows bootstrap
+    # 70%+ of the windows bootstrap
+    assert np.all((rise > 0.99**3 * 100 * 0.7) & (rise < 100.001)), rise
 
 
 def test_seeds_differ_and_repeat():
@@ -375,14 +471,24 @@ def test_seeds_differ_and_repeat():
     chex.assert_trees_all_equal(a, a2)
     assert not np.array_equal(a.replay.data.obs, b.replay.data.obs)
     assert not np.allclose(a.params["head"]["w"], b.params["head"]["w"])
-    assert not np.array_equal(a.replay.data.obs[0, 0], a.replay.data.obs[0, 1])  # the seeds of one run differ too
+    # the seeds of one run differ too
+    assert not np.array_equal(a.replay.data.obs[0, 0], a.replay.data.obs[0, 1])
 
 
 # ----------------------------------------------------------------------------
 # train(): resume with the replay, bad input
 # ----------------------------------------------------------------------------
-RUN = dict(TINY, total_steps=4 * 8 * 6, num_seeds=2, n_devices=2, eval_every=3, eval_episodes=2,
-           checkpoint_every=50, no_compile_cache=True, seed=3)
+RUN = dict(
+    TINY,
+    total_steps=4 * 8 * 6,
+    num_seeds=2,
+    n_devices=2,
+    eval_every=3,
+    eval_episodes=2,
+    checkpoint_every=50,
+    no_compile_cache=True,
+    seed=3,
+)
 
 
 def test_two_devices_two_seeds_resume_with_the_replay(tmp_path):
@@ -390,50 +496,69 @@ def test_two_devices_two_seeds_resume_with_the_replay(tmp_path):
     target network in the checkpoint) ends exactly as the uninterrupted one."""
     whole = run.train(Config(**RUN, out_dir=str(tmp_path / "whole")), make_trainer).summary
     run.train(Config(**RUN, out_dir=str(tmp_path / "part")), make_trainer, max_epochs=2)
-    resumed = run.train(Config(**RUN, out_dir=str(tmp_path / "part"), resume=str(tmp_path / "part")),
-                        make_trainer).summary
+    resumed = run.train(
+        Config(**RUN, out_dir=str(tmp_path / "part"), resume=str(tmp_path / "part")), make_trainer
+    ).summary
     assert whole["epoch"] == resumed["epoch"] == 6 and len(whole["eval_return_per_seed"]) == 2
     assert resumed["eval_return_per_seed"] == whole["eval_return_per_seed"]
     template = jax.eval_shape(devices.map_init(make_trainer(Config(**RUN)).init), run_keys(3, 2, 2))
-    state, epoch = checkpoints.load(checkpoints.latest(tmp_path / "whole" / "checkpoints"), template)
+    state, epoch = checkpoints.load(
+        checkpoints.latest(tmp_path / "whole" / "checkpoints"), template
+    )
     part, _ = checkpoints.load(checkpoints.latest(tmp_path / "part" / "checkpoints"), template)
     assert epoch == 6
     chex.assert_trees_all_equal(state, part)
-    chex.assert_shape(state.replay.data.obs, (2, 2, 24, 2, 4))  # [devices, seeds, capacity, envs per device, obs]
-    assert np.all(state.step == 6 * 4) and np.all(state.replay.filled == 24) and np.all(state.replay.position == 0)
+    # [devices, seeds, capacity, envs per device, obs]
+    chex.assert_shape(state.replay.data.obs, (2, 2, 24, 2, 4))
+    assert (
+        np.all(state.step == 6 * 4)
+        and np.all(state.replay.filled == 24)
+        and np.all(state.replay.position == 0)
+    )
     first, second = (jax.tree.map(lambda x, i=i: x[i], state) for i in range(2))
     chex.assert_trees_all_equal(first.params, second.params)
     chex.assert_trees_all_equal(first.target_params, second.target_params)
     chex.assert_trees_all_equal(first.opt_state, second.opt_state)
-    assert not np.array_equal(first.replay.data.obs, second.replay.data.obs)  # each device explores its own envs
-    assert not np.array_equal(first.params["head"]["w"][0], first.params["head"]["w"][1])  # seeds differ
+    # each device explores its own envs
+    assert not np.array_equal(first.replay.data.obs, second.replay.data.obs)
+    # seeds differ
+    assert not np.array_equal(first.params["head"]["w"][0], first.params["head"]["w"][1])
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (dict(n_step=0), r"--n-step 0"),
-    (dict(sync_freq=0), r"--sync-freq 0"),
-    (dict(n_replay_epochs=1, batch_size=64), r"replay holds 32 transitions .* fewer than --batch-size 64"),
-    (dict(n_step=30), r"--n-step 30 is longer than the replay's 24 steps"),
-    (dict(update_steps=0), r"--update-steps"),
-    (dict(eps_decay=0.0), r"--eps-decay 0.0"),
-    (dict(eps_min=1.5), r"--eps-min 1.5"),
-    (dict(gamma=1.0, scale_value_targets=True), r"--scale-value-targets .* below 1"),
-    (dict(lr=0.0), r"--lr 0.0"),
-    (dict(hidden=()), r"--hidden"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(n_step=0), r"--n-step 0"),
+        (dict(sync_freq=0), r"--sync-freq 0"),
+        (
+            dict(n_replay_epochs=1, batch_size=64),
+            r"replay holds 32 transitions .* fewer than --batch-size 64",
+        ),
+        (dict(n_step=30), r"--n-step 30 is longer than the replay's 24 steps"),
+        (dict(update_steps=0), r"--update-steps"),
+        (dict(eps_decay=0.0), r"--eps-decay 0.0"),
+        (dict(eps_min=1.5), r"--eps-min 1.5"),
+        (dict(gamma=1.0, scale_value_targets=True), r"--scale-value-targets .* below 1"),
+        (dict(lr=0.0), r"--lr 0.0"),
+        (dict(hidden=()), r"--hidden"),
+    ],
+)
 def test_bad_input_rejected_by_config(overrides, match):
     with pytest.raises(ValueError, match=match):
         Config(**{**TINY, **overrides})
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (dict(env="Pendulum-v1"), r"--env Pendulum-v1: DQN needs discrete actions .* Box"),
-    (dict(env="MountainCarContinuous-v0"), r"discrete actions"),
-    (dict(num_envs=3, n_devices=2), r"--num-envs 3 is not divisible by --n-devices 2"),
-    (dict(batch_size=15, n_devices=2), r"--batch-size 15 is not divisible by --n-devices 2"),
-    (dict(total_steps=10), r"--total-steps 10 is less than one epoch"),
-    (dict(env="CartPole-v7"), r"not a gymnax environment"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(env="Pendulum-v1"), r"--env Pendulum-v1: DQN needs discrete actions .* Box"),
+        (dict(env="MountainCarContinuous-v0"), r"discrete actions"),
+        (dict(num_envs=3, n_devices=2), r"--num-envs 3 is not divisible by --n-devices 2"),
+        (dict(batch_size=15, n_devices=2), r"--batch-size 15 is not divisible by --n-devices 2"),
+        (dict(total_steps=10), r"--total-steps 10 is less than one epoch"),
+        (dict(env="CartPole-v7"), r"not a gymnax environment"),
+    ],
+)
 def test_bad_input_rejected_by_make_trainer(overrides, match):
     with pytest.raises(ValueError, match=match):
         make_trainer(tiny(**overrides))
@@ -442,25 +567,60 @@ def test_bad_input_rejected_by_make_trainer(overrides, match):
 # ----------------------------------------------------------------------------
 # The command line
 # ----------------------------------------------------------------------------
-CLI_TINY = ["--num-envs", "4", "--num-steps", "8", "--update-steps", "4", "--batch-size", "16",
-            "--n-replay-epochs", "3", "--total-steps", "320", "--eval-every", "0", "--eval-episodes", "4"]
+CLI_TINY = [
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "8",
+    "--update-steps",
+    "4",
+    "--batch-size",
+    "16",
+    "--n-replay-epochs",
+    "3",
+    "--total-steps",
+    "320",
+    "--eval-every",
+    "0",
+    "--eval-episodes",
+    "4",
+]
 
 
 def cli(*args, cwd, timeout=300):
     env = script_env()
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_cli_help_and_bad_input(tmp_path):
     out = command("dqn_value", "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    for flag in ("--n-step", "--sync-freq", "--double-dqn", "--loss", "--scale-value-targets", "--eps-start",
-                 "--eps-decay", "--eps-min", "--n-replay-epochs", "--batch-size", "--update-steps"):
+    for flag in (
+        "--n-step",
+        "--sync-freq",
+        "--double-dqn",
+        "--loss",
+        "--scale-value-targets",
+        "--eps-start",
+        "--eps-decay",
+        "--eps-min",
+        "--n-replay-epochs",
+        "--batch-size",
+        "--update-steps",
+    ):
         assert flag in text, flag
     assert "{huber,l2}" in text and "(default: 0.99)" in text
-    out = command("dqn_value", *CLI_TINY, "--env", "Pendulum-v1", "--out-dir", tmp_path / "run", cwd=tmp_path)
+    out = command(
+        "dqn_value", *CLI_TINY, "--env", "Pendulum-v1", "--out-dir", tmp_path / "run", cwd=tmp_path
+    )
     assert out.returncode != 0 and "needs discrete actions" in out.stderr
     assert "compiled in" not in out.stdout and not (tmp_path / "run").exists()
 

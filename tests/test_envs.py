@@ -2,6 +2,7 @@
 window (`ContextWindow`) against gymnax's CartPole stepped alongside with the same keys; `make_env`
 builds CartPoleNoVel-v1 for every script and suggests it for a near miss.
 """
+
 import importlib
 import os
 import subprocess
@@ -37,15 +38,21 @@ def test_cartpole_without_velocities_shows_x_and_theta_of_cartpole():
     for t in range(30):  # always push right: the pole falls, and the episode restarts
         key = jax.random.fold_in(key, t)
         obs, state, reward, terminated, truncated, info = env.step(key, state, 1, params)
-        ref_obs, ref_state, ref_reward, ref_term, ref_trunc, ref_info = ref.step(key, ref_state, 1, ref_params)
+        ref_obs, ref_state, ref_reward, ref_term, ref_trunc, ref_info = ref.step(
+            key, ref_state, 1, ref_params
+        )
         assert (reward, terminated, truncated) == (ref_reward, ref_term, ref_trunc)
         np.testing.assert_array_equal(obs, ref_obs[jnp.array([0, 2])])
-        np.testing.assert_array_equal(info["final_observation"], ref_info["final_observation"][jnp.array([0, 2])])
-        assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state, ref_state))), t  # the same dynamics
+        np.testing.assert_array_equal(
+            info["final_observation"], ref_info["final_observation"][jnp.array([0, 2])]
+        )
+        # the same dynamics
+        assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state, ref_state))), t
 
 
 def test_context_window_slides_and_resets_at_episode_ends():
-    """The window of CartPoleNoVel-v1 against gymnax's CartPole stepped alongside with the same keys."""
+    """The window of CartPoleNoVel-v1 against gymnax's CartPole stepped alongside with the same
+    keys."""
     inner, params = envs.make_env("CartPoleNoVel-v1")
     env = envs.ContextWindow(inner, params, 3)
     assert env.raw_obs_shape == (2,) and env.obs_dim == 2 and env.window_shape == (3, 3)
@@ -61,14 +68,20 @@ def test_context_window_slides_and_resets_at_episode_ends():
         action = 1 if len(ends) == 0 else t % 2  # first episode: always push right and fall
         key = jax.random.fold_in(key, t)
         new_window, state, _, terminated, truncated, info = step(key, state, action, params)
-        ref_obs, ref_state, _, ref_term, ref_trunc, ref_info = ref_step(key, ref_state, action, params)
+        ref_obs, ref_state, _, ref_term, ref_trunc, ref_info = ref_step(
+            key, ref_state, action, params
+        )
         assert (terminated, truncated) == (ref_term, ref_trunc)
-        final = np.concatenate([window[1:], [[ref_info["final_observation"][0], ref_info["final_observation"][2], 1]]])
+        final = np.concatenate(
+            [window[1:], [[ref_info["final_observation"][0], ref_info["final_observation"][2], 1]]]
+        )
         np.testing.assert_array_equal(info["final_observation"], final)
         t_in_episode += 1
         if terminated or truncated:  # cleared: only the reset observation
             ends.append("terminated" if terminated else "truncated")
-            np.testing.assert_array_equal(new_window, [[0, 0, 0], [0, 0, 0], [ref_obs[0], ref_obs[2], 1]])
+            np.testing.assert_array_equal(
+                new_window, [[0, 0, 0], [0, 0, 0], [ref_obs[0], ref_obs[2], 1]]
+            )
             t_in_episode = 0
         else:  # slid: the oldest row out, the newest in
             np.testing.assert_array_equal(new_window, final)
@@ -79,23 +92,29 @@ def test_context_window_slides_and_resets_at_episode_ends():
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_script_trains_and_acts_on_cartpole_without_velocities(script):
-    """`--env CartPoleNoVel-v1`: the script's environments show 2 entries, and its network reads 2."""
+    """`--env CartPoleNoVel-v1`: the script's environments show 2 entries, and its network reads
+    2."""
     module = importlib.import_module(f"algos.{script}")
     trainer = module.make_trainer(module.Config(env="CartPoleNoVel-v1", n_devices=1))
     env = trainer.env
     windowed = hasattr(env, "window_shape")
-    assert (env.raw_obs_shape if windowed else env.observation_space(trainer.env_params).shape) == (2,)
+    assert (env.raw_obs_shape if windowed else env.observation_space(trainer.env_params).shape) == (
+        2,
+    )
     obs = jnp.zeros(env.window_shape if windowed else (2,), jnp.float32)
     keys = devices.seed_keys(jax.random.PRNGKey(0), 1, 1)
 
     def first_action(keys):  # the state of device 0, seed 0, as trained and checkpointed
-        policy = jax.tree.map(lambda x: x[0, 0], trainer.policy(devices.map_init(trainer.init)(keys)))
+        policy = jax.tree.map(
+            lambda x: x[0, 0], trainer.policy(devices.map_init(trainer.init)(keys))
+        )
         return trainer.act(policy, obs, jax.random.PRNGKey(1))
 
     assert jax.eval_shape(first_action, keys).shape == ()  # one discrete action
     reset_obs, _ = jax.eval_shape(env.reset, jax.random.PRNGKey(0), trainer.env_params)
     assert reset_obs.shape == obs.shape
-    state = jax.eval_shape(devices.map_init(trainer.init), keys)  # an epoch traces: rollout, targets, update
+    # an epoch traces: rollout, targets, update
+    state = jax.eval_shape(devices.map_init(trainer.init), keys)
     after, metrics = jax.eval_shape(devices.map_epoch(trainer.epoch, 1, donate=False), state)
     assert jax.tree.structure(after) == jax.tree.structure(state) and "episode/return" in metrics
 
@@ -110,41 +129,79 @@ def test_an_unknown_id_suggests_cartpole_without_velocities(env_id):
 
 
 def test_gymnax_rendering_modules_load_at_their_first_use():
-    """make_env imports gymnax without seaborn (its Pong's renderer); the first use of seaborn imports it."""
-    code = ("import sys; from common import envs; envs.make_env('CartPole-v1'); "
-            "assert 'scipy' not in sys.modules and type(sys.modules['seaborn']).__name__ == 'Deferred'; "
-            "from gymnax.environments.misc import pong; assert len(pong.sns.color_palette('cubehelix', 3)) == 3; "
-            "assert type(sys.modules['seaborn']).__name__ == 'module' and pong.plt.figure")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    """make_env imports gymnax without seaborn (its Pong's renderer); the first use of seaborn
+    imports it."""
+    code = (
+        "import sys; from common import envs; envs.make_env('CartPole-v1'); assert 'scipy' not in "
+        "sys.modules and type(sys.modules['seaborn']).__name__ == 'Deferred'; from "
+        "gymnax.environments.misc import pong; assert len(pong.sns.color_palette('cubehelix', 3)) "
+        "== 3; assert type(sys.modules['seaborn']).__name__ == 'module' and pong.plt.figure"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert out.returncode == 0, out.stderr
 
 
 @pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_own_environment_from_the_readme_trains_and_a_misfit_is_one_line(tmp_path):
-    """README's corridor.py, saved in the working directory, learns with `--env corridor:Corridor`."""
+    """README's corridor.py, saved in the working directory, learns with `--env
+    corridor:Corridor`."""
     readme = (ROOT / "README.md").read_text()
-    code = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[1].split("```", 1)[0]
+    code = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[
+        1
+    ].split("```", 1)[0]
     (tmp_path / "corridor.py").write_text(code)
     env = script_env()
 
     def ppo(*flags):
-        return subprocess.run([sys.executable, str(ROOT / "algos" / "ppo_joint.py"),
-                               "--out-dir", str(tmp_path / f"run{len(flags)}"), *flags],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "algos" / "ppo_joint.py"),
+                "--out-dir",
+                str(tmp_path / f"run{len(flags)}"),
+                *flags,
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
-    out = ppo("--env", "corridor:Corridor", "--total-steps", "20000", "--num-envs", "4", "--num-steps", "32",
-              "--n-devices", "1")
+    out = ppo(
+        "--env",
+        "corridor:Corridor",
+        "--total-steps",
+        "20000",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "32",
+        "--n-devices",
+        "1",
+    )
     assert out.returncode == 0, out.stderr
     assert "eval return 1.00" in out.stdout
-    for target, message in (("corridor:EnvParams", "lacks reset, step"), ("corridor:Nope", "has no class"),
-                            ("no_such_module:Env", "cannot import no_such_module")):
+    for target, message in (
+        ("corridor:EnvParams", "lacks reset, step"),
+        ("corridor:Nope", "has no class"),
+        ("no_such_module:Env", "cannot import no_such_module"),
+    ):
         out = ppo("--env", target)
-        assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, (
+            out.stderr
+        )
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-MISFITS = '''
+MISFITS = """
 
 class Sized(Corridor):
     def __init__(self, size):
@@ -167,24 +224,50 @@ class NoParams(Corridor):
 class WrongShape(Corridor):
     def observation_space(self, params):
         return spaces.Box(0.0, 1.0, (3,), jnp.float32)
-'''
+"""
 
 
-@pytest.mark.parametrize("name, source, message", [
-    ("Corridor", "raise RuntimeError('boom')", "importing {module} raised RuntimeError: boom; fix the module"),
-    ("Corridor", "def broken(:\n", "importing {module} raised SyntaxError"),
-    ("Sized", None, "Sized() raised TypeError"),
-    ("failing", None, "failing() raised ValueError: no data here; give a class that takes no arguments"),
-    ("dict_params", None, "lacks params.max_steps_in_episode (params must be an object with that attribute"),
-    ("NoParams", None, "reset and step of NoParams fail when traced (TypeError"),
-    ("WrongShape", None, "step returns observations of shape (5,), but observation_space declares (3,)"),
-])
-def test_a_custom_environment_that_does_not_fit_is_one_line(tmp_path, monkeypatch, name, source, message):
-    """Whatever a user's module does wrong (fails to import, needs arguments, raises, steps without params,
-    observes a shape other than its space's), `make_env` answers one line naming the fix, no traceback."""
+@pytest.mark.parametrize(
+    "name, source, message",
+    [
+        (
+            "Corridor",
+            "raise RuntimeError('boom')",
+            "importing {module} raised RuntimeError: boom; fix the module",
+        ),
+        ("Corridor", "def broken(:\n", "importing {module} raised SyntaxError"),
+        ("Sized", None, "Sized() raised TypeError"),
+        (
+            "failing",
+            None,
+            "failing() raised ValueError: no data here; give a class that takes no arguments",
+        ),
+        (
+            "dict_params",
+            None,
+            "lacks params.max_steps_in_episode (params must be an object with that attribute",
+        ),
+        ("NoParams", None, "reset and step of NoParams fail when traced (TypeError"),
+        (
+            "WrongShape",
+            None,
+            "step returns observations of shape (5,), but observation_space declares (3,)",
+        ),
+    ],
+)
+def test_a_custom_environment_that_does_not_fit_is_one_line(
+    tmp_path, monkeypatch, name, source, message
+):
+    """Whatever a user's module does wrong (fails to import, needs arguments, raises, steps without
+    params, observes a shape other than its space's), `make_env` answers one line naming the fix, no
+    traceback."""
     readme = (ROOT / "README.md").read_text()
-    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[1].split("```", 1)[0]
-    module = f"misfit_{uuid.uuid4().hex[:8]}"  # a module name of its own: Python keeps imported modules
+    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[
+        1
+    ].split("```", 1)[0]
+    module = (
+        f"misfit_{uuid.uuid4().hex[:8]}"  # a module name of its own: Python keeps imported modules
+    )
     (tmp_path / f"{module}.py").write_text(corridor + MISFITS if source is None else source)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -200,41 +283,65 @@ def test_a_custom_id_without_module_or_name_is_one_line(env_id):
         envs.make_env(env_id)
 
 
-def test_a_non_finite_reward_is_blamed_on_the_environment_not_the_learning_rate(tmp_path, monkeypatch):
-    """An environment whose reward is NaN makes the losses NaN: the run says so, not "lower --lr"."""
+def test_a_non_finite_reward_is_blamed_on_the_environment_not_the_learning_rate(
+    tmp_path, monkeypatch
+):
+    """An environment whose reward is NaN makes the losses NaN: the run says so, not "lower
+    --lr"."""
     from algos import ppo_joint
     from common import run
 
     readme = (ROOT / "README.md").read_text()
-    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[1].split("```", 1)[0]
+    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[
+        1
+    ].split("```", 1)[0]
     module = f"nan_reward_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{module}.py").write_text(corridor + '''
+    (tmp_path / f"{module}.py").write_text(
+        corridor
+        + """
 
 class NanReward(Corridor):
     def step_env(self, key, state, action, params):
         obs, state, reward, done, info = super().step_env(key, state, action, params)
         return obs, state, jnp.where(state.time == 3, jnp.nan, reward), done | (state.time >= 5), info
-''')
+"""
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    config = ppo_joint.Config(env=f"{module}:NanReward", num_envs=4, num_steps=16, num_minibatches=2,
-                              update_epochs=1, total_steps=4 * 16 * 2, eval_every=0, eval_episodes=2, n_devices=1,
-                              no_compile_cache=True, out_dir=str(tmp_path / "run"))
+    config = ppo_joint.Config(
+        env=f"{module}:NanReward",
+        num_envs=4,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=1,
+        total_steps=4 * 16 * 2,
+        eval_every=0,
+        eval_episodes=2,
+        n_devices=1,
+        no_compile_cache=True,
+        out_dir=str(tmp_path / "run"),
+    )
     with pytest.raises(SystemExit) as info:
         run.train(config, ppo_joint.make_trainer)
     message = str(info.value.code)
-    assert "episode/return is nan" in message and f"--env {module}:NanReward returned a non-finite reward" in message
+    assert (
+        "episode/return is nan" in message
+        and f"--env {module}:NanReward returned a non-finite reward" in message
+    )
     assert "a lower --lr would not help" in message and "\n" not in message
 
 
 def test_a_discrete_observation_is_one_hot_in_reset_step_and_final_observation():
-    """FrozenLake observes its cell's index: the scripts see it one-hot, chosen by the space, not the name."""
+    """FrozenLake observes its cell's index: the scripts see it one-hot, chosen by the space, not
+    the name."""
     from gymnax.environments import spaces
 
     env, params = envs.make_env("FrozenLake-misc")
     raw, raw_params = gymnax.make("FrozenLake-misc")
     n = raw.observation_space(raw_params).n
-    assert isinstance(env.observation_space(params), spaces.Box) and env.observation_space(params).shape == (n,)
+    assert isinstance(env.observation_space(params), spaces.Box) and env.observation_space(
+        params
+    ).shape == (n,)
     key = jax.random.PRNGKey(1)
     obs, state = env.reset(key, params)
     raw_obs, raw_state = raw.reset(key, raw_params)
@@ -243,41 +350,60 @@ def test_a_discrete_observation_is_one_hot_in_reset_step_and_final_observation()
         key, step_key = jax.random.split(key)
         action = jnp.int32(t % 4)
         obs, state, reward, terminated, truncated, info = env.step(step_key, state, action, params)
-        raw_obs, raw_state, raw_reward, *_, raw_info = raw.step(step_key, raw_state, action, raw_params)
+        raw_obs, raw_state, raw_reward, *_, raw_info = raw.step(
+            step_key, raw_state, action, raw_params
+        )
         np.testing.assert_array_equal(obs, jax.nn.one_hot(raw_obs, n))
-        np.testing.assert_array_equal(info["final_observation"], jax.nn.one_hot(raw_info["final_observation"], n))
+        np.testing.assert_array_equal(
+            info["final_observation"], jax.nn.one_hot(raw_info["final_observation"], n)
+        )
         assert obs.dtype == jnp.float32 and reward == raw_reward
 
 
-DICT_OBSERVED = '''
+DICT_OBSERVED = """
 
 class DictObserved(Corridor):
     def observation_space(self, params):
         return spaces.Dict({"position": spaces.Box(0.0, 1.0, (self.length,), jnp.float32)})
-'''
+"""
 
 
 def test_an_observation_space_the_scripts_do_not_read_is_one_line(tmp_path, monkeypatch):
     readme = (ROOT / "README.md").read_text()
-    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[1].split("```", 1)[0]
+    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[
+        1
+    ].split("```", 1)[0]
     module = f"dict_observed_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(corridor + DICT_OBSERVED)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(cli.ConfigError, match=f"--env {module}:DictObserved: its observation space is a Dict; the "
-                                              f"scripts read Box observations"):
+    with pytest.raises(
+        cli.ConfigError,
+        match=f"--env {module}:DictObserved: its observation space is a Dict; the "
+        f"scripts read Box observations",
+    ):
         envs.make_env(f"{module}:DictObserved")
 
 
 def test_a_saved_agent_of_a_discrete_observation_acts_on_the_index(tmp_path):
-    """load_agent's `act` takes FrozenLake's observations as gymnax gives them (the index) and encodes them as
-    training did."""
+    """load_agent's `act` takes FrozenLake's observations as gymnax gives them (the index) and
+    encodes them as training did."""
     from algos import ppo_joint
     from common import checkpoints, run
 
-    config = ppo_joint.Config(env="FrozenLake-misc", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1,
-                              total_steps=4 * 16 * 2, eval_every=0, eval_episodes=2, n_devices=1,
-                              no_compile_cache=True, out_dir=str(tmp_path / "run"))
+    config = ppo_joint.Config(
+        env="FrozenLake-misc",
+        num_envs=4,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=1,
+        total_steps=4 * 16 * 2,
+        eval_every=0,
+        eval_episodes=2,
+        n_devices=1,
+        no_compile_cache=True,
+        out_dir=str(tmp_path / "run"),
+    )
     run.train(config, ppo_joint.make_trainer)
     act = checkpoints.load_agent(tmp_path / "run", ppo_joint.Config, ppo_joint.make_trainer)
     one, batch = act(jnp.int32(5)), act(jnp.arange(16, dtype=jnp.int32))
@@ -285,8 +411,9 @@ def test_a_saved_agent_of_a_discrete_observation_acts_on_the_index(tmp_path):
 
 
 def full_length_returns(env, env_params, act, params, key, n_episodes):
-    """Each episode's return to its first end, stepping all of them for the whole time limit (the plain loop
-    `envs.evaluate` shortens by stopping once every episode has ended), with evaluate's keys."""
+    """Each episode's return to its first end, stepping all of them for the whole time limit (the
+    plain loop `envs.evaluate` shortens by stopping once every episode has ended), with evaluate's
+    keys."""
     reset_key, run_key = jax.random.split(key)
     obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(reset_key, n_episodes), env_params)
     ret, alive = np.zeros(n_episodes), np.ones(n_episodes)
@@ -294,14 +421,16 @@ def full_length_returns(env, env_params, act, params, key, n_episodes):
     for step_key in jax.random.split(run_key, int(env_params.max_steps_in_episode)):
         act_key, env_key = jax.random.split(step_key)
         action = jax.vmap(act, (None, 0, 0))(params, obs, jax.random.split(act_key, n_episodes))
-        obs, state, reward, terminated, truncated, _ = step(jax.random.split(env_key, n_episodes), state, action,
-                                                            env_params)
+        obs, state, reward, terminated, truncated, _ = step(
+            jax.random.split(env_key, n_episodes), state, action, env_params
+        )
         ret += np.asarray(reward) * alive
         alive *= 1 - np.asarray(terminated | truncated)
     return ret
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])  # episodes that end at different steps; all at the limit
+# episodes that end at different steps; all at the limit
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_evaluate_is_the_mean_return_of_each_episode_to_its_end(env_id):
     env, env_params = envs.make_env(env_id)
     env_params = env_params.replace(max_steps_in_episode=60)

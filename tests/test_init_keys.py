@@ -6,6 +6,7 @@ start from the same draw. The test records the key of every parameter draw that
 a script's `init` makes (every random array goes through `nets.orthogonal` or
 `jax.random.normal`) and requires them distinct.
 """
+
 import importlib
 
 import jax
@@ -14,8 +15,16 @@ import pytest
 
 from common import devices, nets
 
-CASES = [("ppo_joint", {}), ("awr", {}), ("awr", {"q_value": True, "n_samples": 2}), ("actor_critic", {}),
-         ("reinforce", {}), ("dqn_value", {}), ("skip_transformer", {}), ("ppo_joint", {"env": "Pendulum-v1"})]
+CASES = [
+    ("ppo_joint", {}),
+    ("awr", {}),
+    ("awr", {"q_value": True, "n_samples": 2}),
+    ("actor_critic", {}),
+    ("reinforce", {}),
+    ("dqn_value", {}),
+    ("skip_transformer", {}),
+    ("ppo_joint", {"env": "Pendulum-v1"}),
+]
 
 
 def drawn_keys(monkeypatch, script: str, flags: dict) -> list[tuple]:
@@ -36,13 +45,16 @@ def drawn_keys(monkeypatch, script: str, flags: dict) -> list[tuple]:
 
     monkeypatch.setattr(nets, "orthogonal", spy_orthogonal)
     monkeypatch.setattr(jax.random, "normal", spy_normal)
-    monkeypatch.setattr(devices, "device_key", lambda key: key)  # init runs eagerly, outside the device axis
+    # init runs eagerly, outside the device axis
+    monkeypatch.setattr(devices, "device_key", lambda key: key)
     with jax.disable_jit():
         trainer.init(jax.random.PRNGKey(0))
     return keys
 
 
-@pytest.mark.parametrize("script, flags", CASES, ids=[f"{s}-{'-'.join(f) or 'default'}" for s, f in CASES])
+@pytest.mark.parametrize(
+    "script, flags", CASES, ids=[f"{s}-{'-'.join(f) or 'default'}" for s, f in CASES]
+)
 def test_every_parameter_draw_has_its_own_key(monkeypatch, script, flags):
     keys = drawn_keys(monkeypatch, script, flags)
     assert len(keys) >= 3, keys  # at least two layers and a head were drawn

@@ -1,4 +1,5 @@
 """--sweep: float flags swept as a vmapped axis of the seed dimension, in one compiled program."""
+
 import dataclasses
 import importlib
 
@@ -9,27 +10,52 @@ import pytest
 from algos import ppo_joint
 from common import checkpoints, cli, devices, run, sweep
 
-TINY = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, total_steps=4 * 16 * 3, eval_every=0,
-            eval_episodes=4, n_devices=1, no_compile_cache=True)
+TINY = dict(
+    num_envs=4,
+    num_steps=16,
+    num_minibatches=2,
+    update_epochs=2,
+    total_steps=4 * 16 * 3,
+    eval_every=0,
+    eval_episodes=4,
+    n_devices=1,
+    no_compile_cache=True,
+)
 
 
 def test_members_are_the_grid_in_order():
-    config = cli.parse_config(ppo_joint.Config, ["--sweep", "lr=1e-3,3e-4", "ent-coef=0,0.01", "--num-seeds", "3"])
-    assert cli.sweep_members(config) == [{"lr": 1e-3, "ent_coef": 0.0}, {"lr": 1e-3, "ent_coef": 0.01},
-                                         {"lr": 3e-4, "ent_coef": 0.0}, {"lr": 3e-4, "ent_coef": 0.01}]
+    config = cli.parse_config(
+        ppo_joint.Config, ["--sweep", "lr=1e-3,3e-4", "ent-coef=0,0.01", "--num-seeds", "3"]
+    )
+    assert cli.sweep_members(config) == [
+        {"lr": 1e-3, "ent_coef": 0.0},
+        {"lr": 1e-3, "ent_coef": 0.01},
+        {"lr": 3e-4, "ent_coef": 0.0},
+        {"lr": 3e-4, "ent_coef": 0.01},
+    ]
     assert sweep.n_runs(config) == 12 and sweep.n_runs(ppo_joint.Config(num_seeds=3)) == 3
     assert cli.sweep_members(ppo_joint.Config()) == [{}]
 
 
-@pytest.mark.parametrize("sweep, message", [
-    (["lr=1e-3,abc"], "--sweep 'lr=1e-3,abc': '1e-3,abc' holds a value that is not a number"),
-    (["lr"], "use NAME=V1,V2,..., e.g. --sweep lr=1e-3,3e-4"),
-    (["num_envs=4,8"], "num_envs is not a float flag of this script; sweep one of"),
-    (["lr=1e-3", "lr=3e-4"], "lr is swept twice"),
-    (["lr=1e-3,1e-3"], "--sweep 'lr=1e-3,1e-3': 0.001 given twice, which would train identical members"),
-    (["lr=1e-3,0.001,3e-4"], "0.001 given twice"),
-    (["lr=1e-3,-1"], "--lr -1.0"),  # each member's flags are checked as the flag itself would be
-])
+@pytest.mark.parametrize(
+    "sweep, message",
+    [
+        (["lr=1e-3,abc"], "--sweep 'lr=1e-3,abc': '1e-3,abc' holds a value that is not a number"),
+        (["lr"], "use NAME=V1,V2,..., e.g. --sweep lr=1e-3,3e-4"),
+        (["num_envs=4,8"], "num_envs is not a float flag of this script; sweep one of"),
+        (["lr=1e-3", "lr=3e-4"], "lr is swept twice"),
+        (
+            ["lr=1e-3,1e-3"],
+            "--sweep 'lr=1e-3,1e-3': 0.001 given twice, which would train identical members",
+        ),
+        (["lr=1e-3,0.001,3e-4"], "0.001 given twice"),
+        # each member's flags are checked as the flag itself would be
+        (
+            ["lr=1e-3,-1"],
+            "--lr -1.0",
+        ),
+    ],
+)
 def test_bad_sweeps_are_rejected_before_compiling(capsys, sweep, message):
     with pytest.raises(SystemExit):
         cli.parse_config(ppo_joint.Config, ["--sweep", *sweep])
@@ -37,8 +63,8 @@ def test_bad_sweeps_are_rejected_before_compiling(capsys, sweep, message):
 
 
 def test_resume_refuses_to_change_a_swept_flag_and_takes_the_others(tmp_path, capsys):
-    """A swept flag given on --resume would be recorded but not trained (each member keeps its value):
-    refused in one line. A float flag that is not swept applies to every member."""
+    """A swept flag given on --resume would be recorded but not trained (each member keeps its
+    value): refused in one line. A float flag that is not swept applies to every member."""
     import dataclasses
     import json
 
@@ -62,18 +88,27 @@ def final_params(out_dir, config):
 
 def test_each_member_trains_as_its_own_run(tmp_path):
     """Members x seeds in one program end where separate runs of each value end (same keys)."""
-    swept = ppo_joint.Config(**TINY, num_seeds=2, sweep=("lr=0.01,0.001",), out_dir=str(tmp_path / "swept"))
+    swept = ppo_joint.Config(
+        **TINY, num_seeds=2, sweep=("lr=0.01,0.001",), out_dir=str(tmp_path / "swept")
+    )
     summary = run.train(swept, ppo_joint.make_trainer, "ppo_joint").summary
     together = final_params(tmp_path / "swept", swept)
     for m, lr in enumerate([0.01, 0.001]):
-        alone_config = dataclasses.replace(swept, sweep=(), lr=lr, out_dir=str(tmp_path / f"lr{lr}"))
+        alone_config = dataclasses.replace(
+            swept, sweep=(), lr=lr, out_dir=str(tmp_path / f"lr{lr}")
+        )
         alone_summary = run.train(alone_config, ppo_joint.make_trainer, "ppo_joint").summary
         alone = final_params(tmp_path / f"lr{lr}", alone_config)
         for s in range(2):
-            chex_close(jax.tree.map(lambda x, i=2 * m + s: x[i], together), jax.tree.map(lambda x, i=s: x[i], alone))
+            chex_close(
+                jax.tree.map(lambda x, i=2 * m + s: x[i], together),
+                jax.tree.map(lambda x, i=s: x[i], alone),
+            )
         member = summary["sweep"][m]
         assert member["lr"] == lr and len(member["eval_return_per_seed"]) == 2
-        np.testing.assert_allclose(member["eval_return_per_seed"], alone_summary["eval_return_per_seed"], atol=1.0)
+        np.testing.assert_allclose(
+            member["eval_return_per_seed"], alone_summary["eval_return_per_seed"], atol=1.0
+        )
     # the members really differ
     assert not np.allclose(together.params["policy"]["w"][0], together.params["policy"]["w"][2])
 
@@ -83,22 +118,44 @@ def chex_close(a, b):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("name, flag", [("awr", "beta"), ("actor_critic", "policy_lr"), ("reinforce", "lr"),
-                                        ("dqn_value", "eps_decay"), ("skip_transformer", "ent_coef")])
+@pytest.mark.parametrize(
+    "name, flag",
+    [
+        ("awr", "beta"),
+        ("actor_critic", "policy_lr"),
+        ("reinforce", "lr"),
+        ("dqn_value", "eps_decay"),
+        ("skip_transformer", "ent_coef"),
+    ],
+)
 def test_every_script_sweeps_in_one_program(name, flag):
     module = importlib.import_module(f"algos.{name}")
-    value = getattr(module.Config(), flag) or 0.01  # a default of 0 halved is 0 again: a member given twice
+    # a default of 0 halved is 0 again: a member given twice
+    value = getattr(module.Config(), flag) or 0.01
     config = module.Config(n_devices=1, num_seeds=2, sweep=(f"{flag}={value},{value / 2}",))
     trainer, keys, values = sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
     init = devices.map_init(trainer.init).lower(keys, values)
-    state, metrics = jax.eval_shape(devices.map_epoch(trainer.epoch, 1, n_mapped=2), init.out_info, values)
+    state, metrics = jax.eval_shape(
+        devices.map_epoch(trainer.epoch, 1, n_mapped=2), init.out_info, values
+    )
     assert jax.tree.leaves(metrics)[0].shape[:2] == (1, 4)  # [devices, members x seeds]
 
 
-@pytest.mark.parametrize("name, swept, message", [
-    ("ppo_joint", "max_grad_norm=0,0.5", "--max-grad-norm 0 switches its term off, a constant of the programs"),
-    ("skip_transformer", "skip_fraction=0.2,0.4", "--skip-fraction shapes the programs, a constant of the programs"),
-])
+@pytest.mark.parametrize(
+    "name, swept, message",
+    [
+        (
+            "ppo_joint",
+            "max_grad_norm=0,0.5",
+            "--max-grad-norm 0 switches its term off, a constant of the programs",
+        ),
+        (
+            "skip_transformer",
+            "skip_fraction=0.2,0.4",
+            "--skip-fraction shapes the programs, a constant of the programs",
+        ),
+    ],
+)
 def test_a_constant_of_the_programs_cannot_be_swept(name, swept, message):
     module = importlib.import_module(f"algos.{name}")
     config = module.Config(n_devices=1, sweep=(swept,))
@@ -111,15 +168,21 @@ def test_a_switch_above_0_is_an_input():
     values = sweep.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))[2]
     np.testing.assert_array_equal(values["max_grad_norm"], [[0.25, 0.5]])
     assert "max_grad_norm" not in sweep.input_names(ppo_joint.Config(max_grad_norm=0.0))
-    assert "skip_fraction" not in sweep.input_names(importlib.import_module("algos.skip_transformer").Config())
+    assert "skip_fraction" not in sweep.input_names(
+        importlib.import_module("algos.skip_transformer").Config()
+    )
 
 
 def test_a_flag_used_outside_the_compiled_math_is_a_clear_error(tmp_path):
-    """A variant of a script that branches on a float flag in Python cannot sweep it (its values are traced)."""
+    """A variant of a script that branches on a float flag in Python cannot sweep it (its values are
+    traced)."""
+
     def branching(config):
         return ppo_joint.make_trainer(config) if config.ent_coef < 1 else None
 
     config = ppo_joint.Config(**TINY, sweep=("ent_coef=0,0.01",), out_dir=str(tmp_path))
-    with pytest.raises(cli.ConfigError, match="uses ent_coef outside the compiled math .* cannot be swept in one"):
+    with pytest.raises(
+        cli.ConfigError, match="uses ent_coef outside the compiled math .* cannot be swept in one"
+    ):
         run.train(config, branching, "ppo_joint")
     assert not tmp_path.joinpath("config.json").exists()

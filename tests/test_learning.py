@@ -1,10 +1,10 @@
-"""Learning: every script trains CartPole-v1 with its defaults for a short budget, 8 seeds in one program, and
-every seed's greedy return (8 episodes) ends far above a random policy's (about 22).
+"""Learning: every script trains CartPole-v1 with its defaults for a short budget, 8 seeds in one
+program, and every seed's greedy return (8 episodes) ends far above a random policy's (about 22).
 
-The budgets are those at which all 8 seeds had passed the goal in a run with an evaluation every few epochs
-(bench/RESULTS.md, "Learning in CI"). The full budgets and the other tasks: bench/learning.py and
-bench/SUITE.md.
-"""
+The budgets are those at which all 8 seeds had passed the goal in a run with an evaluation every few
+epochs (bench/RESULTS.md, "Learning in CI"). The full budgets and the other tasks: bench/learning.py
+and bench/SUITE.md."""
+
 import importlib
 
 import pytest
@@ -19,18 +19,36 @@ SHORT = [  # script, flags, budget, what every seed must reach
     ("actor_critic", dict(loss="ppo"), 49_152, 400),
     ("awr", {}, 49_152, 400),
     ("awr", dict(q_value=True, n_samples=4), 40_960, 400),  # the headline command
-    ("reinforce", dict(baseline=True), 122_880, 100),  # no critic to bootstrap from: it learns slowest
+    # no critic to bootstrap from: it learns slowest
+    (
+        "reinforce",
+        dict(baseline=True),
+        122_880,
+        100,
+    ),
     ("dqn_value", {}, 30_000, 150),
     ("skip_transformer", {}, 24_576, 400),
 ]
 
 
-@pytest.mark.parametrize("script, flags, budget, goal", SHORT,
-                         ids=[f"{s}-{'-'.join(f'{k}={v}' for k, v in f.items())}" if f else s for s, f, _, _ in SHORT])
+@pytest.mark.parametrize(
+    "script, flags, budget, goal",
+    SHORT,
+    ids=[f"{s}-{'-'.join(f'{k}={v}' for k, v in f.items())}" if f else s for s, f, _, _ in SHORT],
+)
 def test_every_seed_learns_cartpole(tmp_path, script, flags, budget, goal):
     module = importlib.import_module(f"algos.{script}")
-    config = module.Config(**flags, env="CartPole-v1", total_steps=budget, seed=0, num_seeds=8, n_devices=1,
-                           eval_every=0, eval_episodes=8, out_dir=str(tmp_path))
+    config = module.Config(
+        **flags,
+        env="CartPole-v1",
+        total_steps=budget,
+        seed=0,
+        num_seeds=8,
+        n_devices=1,
+        eval_every=0,
+        eval_episodes=8,
+        out_dir=str(tmp_path),
+    )
     returns = run.train(config, module.make_trainer, script).summary["eval_return_per_seed"]
     print(script, flags, budget, "steps: greedy return per seed", [round(r, 1) for r in returns])
     assert min(returns) >= goal, returns

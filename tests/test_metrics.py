@@ -1,5 +1,6 @@
 """common/metrics.py: figures of a batch split over 2 forced CPU devices equal those of one device
 holding the whole batch."""
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,9 +10,15 @@ from common.metrics import residual_metrics
 
 
 def numpy_metrics(residual, targets):
-    residual, targets = np.asarray(residual, np.float64).ravel(), np.asarray(targets, np.float64).ravel()
-    return {"value/advantage_mean": residual.mean(), "value/advantage_norm": np.sqrt(np.sum(residual ** 2)),
-            "value/explained_variance": 1.0 - residual.var() / (targets.var() + 1e-8)}
+    residual, targets = (
+        np.asarray(residual, np.float64).ravel(),
+        np.asarray(targets, np.float64).ravel(),
+    )
+    return {
+        "value/advantage_mean": residual.mean(),
+        "value/advantage_norm": np.sqrt(np.sum(residual**2)),
+        "value/explained_variance": 1.0 - residual.var() / (targets.var() + 1e-8),
+    }
 
 
 @pytest.mark.parametrize("offset", [0.0, 100.0])
@@ -31,7 +38,9 @@ def test_residual_metrics_on_two_devices_are_those_of_the_whole_batch_on_one(off
         for seed in range(3):
             expected = numpy_metrics(residual[:, seed], targets[:, seed])[name]
             np.testing.assert_allclose(value[:, seed], expected, rtol=1e-5, atol=1e-5, err_msg=name)
-            np.testing.assert_allclose(on_one[name][0, seed], expected, rtol=1e-5, atol=1e-5, err_msg=name)
+            np.testing.assert_allclose(
+                on_one[name][0, seed], expected, rtol=1e-5, atol=1e-5, err_msg=name
+            )
     # what averaging each device's own figures would give differs from the whole batch's
     per_device = [numpy_metrics(residual[d, 0], targets[d, 0]) for d in range(2)]
     for name in ("value/advantage_norm", "value/explained_variance"):

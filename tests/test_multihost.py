@@ -3,6 +3,7 @@
 Every subprocess has a hard timeout: a process waiting for a peer that never
 comes must fail the test, not hang it.
 """
+
 import json
 import socket
 import subprocess
@@ -38,8 +39,10 @@ def env(**extra):
 def launch(commands, cwd: Path, envs) -> list[tuple[int, str]]:
     """Runs the commands side by side; `(exit status, output)` of each, or fails after LIMIT_S."""
     logs = [open(cwd / f"process{i}.log", "w+") for i in range(len(commands))]
-    procs = [subprocess.Popen(c, cwd=cwd, env=e, stdout=log, stderr=subprocess.STDOUT, text=True)
-             for c, e, log in zip(commands, envs, logs)]
+    procs = [
+        subprocess.Popen(c, cwd=cwd, env=e, stdout=log, stderr=subprocess.STDOUT, text=True)
+        for c, e, log in zip(commands, envs, logs)
+    ]
     deadline, timed_out = time.monotonic() + LIMIT_S, False
     try:
         for p in procs:
@@ -63,24 +66,48 @@ def launch(commands, cwd: Path, envs) -> list[tuple[int, str]]:
 def test_two_processes_train_one_run(tmp_path):
     port = free_port()
     cluster = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
-    out = launch([[sys.executable, str(SCRIPT), *TINY, *cluster, "--process-id", str(i), "--out-dir", f"run{i}"]
-                  for i in range(2)], tmp_path, [env(), env()])
+    out = launch(
+        [
+            [
+                sys.executable,
+                str(SCRIPT),
+                *TINY,
+                *cluster,
+                "--process-id",
+                str(i),
+                "--out-dir",
+                f"run{i}",
+            ]
+            for i in range(2)
+        ],
+        tmp_path,
+        [env(), env()],
+    )
     for code, text in out:
         assert code == 0, text
         assert "on 2 cpu device(s) of 2 processes" in text, text
-    # Only the chief writes (and holds the directory's lock); the other process's --out-dir is never created.
-    assert {p.name for p in (tmp_path / "run0").iterdir()} == {"config.json", "metrics.jsonl", "summary.json",
-                                                               "checkpoints", "run.lock"}
+    # Only the chief writes (and holds the directory's lock); the other process's --out-dir is never
+    # created.
+    assert {p.name for p in (tmp_path / "run0").iterdir()} == {
+        "config.json",
+        "metrics.jsonl",
+        "summary.json",
+        "checkpoints",
+        "run.lock",
+    }
     assert not (tmp_path / "run1").exists()
     returns = [float(text.split("eval return ")[1].split()[0]) for _, text in out]
     assert returns[0] == returns[1]  # same parameters, same evaluation episodes
 
-    # The checkpoint gathers both hosts' rows: parameters and optimiser equal, environments and keys not.
+    # The checkpoint gathers both hosts' rows: parameters and optimiser equal, environments and keys
+    # not.
     from algos import ppo_joint
 
     config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=128, n_devices=2)
     trainer = ppo_joint.make_trainer(config)
-    template = jax.eval_shape(devices.map_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 1, 2))
+    template = jax.eval_shape(
+        devices.map_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 1, 2)
+    )
     state, epoch = checkpoints.load(checkpoints.latest(tmp_path / "run0" / "checkpoints"), template)
     assert epoch == trainer.num_epochs == 2
     for tree in (state.params, state.opt_state):
@@ -90,12 +117,29 @@ def test_two_processes_train_one_run(tmp_path):
     assert not np.array_equal(state.obs[0], state.obs[1])
     assert json.loads((tmp_path / "run0" / "summary.json").read_text())["env_steps"] == 128
 
-    # Both processes resume from the chief's directory: each loads the whole checkpoint, keeps its own rows.
+    # Both processes resume from the chief's directory: each loads the whole checkpoint, keeps its
+    # own rows.
     port = free_port()
     cluster = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
-    out = launch([[sys.executable, str(SCRIPT), "--resume", "run0", "--eval-only", "--eval-episodes", "2",
-                   *cluster, "--process-id", str(i)] for i in range(2)],
-                 tmp_path, [env(), env()])
+    out = launch(
+        [
+            [
+                sys.executable,
+                str(SCRIPT),
+                "--resume",
+                "run0",
+                "--eval-only",
+                "--eval-episodes",
+                "2",
+                *cluster,
+                "--process-id",
+                str(i),
+            ]
+            for i in range(2)
+        ],
+        tmp_path,
+        [env(), env()],
+    )
     for code, text in out:
         assert code == 0 and "resumed run0 at epoch 2" in text, text
         assert f"eval return {returns[0]:.2f}" in text, text
@@ -118,9 +162,18 @@ DRIVER = textwrap.dedent("""
 
 def test_hosts_share_the_run_key_and_no_device_shares_an_env_key(tmp_path):
     port = free_port()
-    out = launch([[sys.executable, "-c", DRIVER, str(ROOT)]] * 2, tmp_path,
-                 [env(JTRAX_COORDINATOR=f"127.0.0.1:{port}", JTRAX_NUM_PROCESSES="2", JTRAX_PROCESS_ID=str(i))
-                  for i in range(2)])
+    out = launch(
+        [[sys.executable, "-c", DRIVER, str(ROOT)]] * 2,
+        tmp_path,
+        [
+            env(
+                JTRAX_COORDINATOR=f"127.0.0.1:{port}",
+                JTRAX_NUM_PROCESSES="2",
+                JTRAX_PROCESS_ID=str(i),
+            )
+            for i in range(2)
+        ],
+    )
     for code, text in out:
         assert code == 0, text
     chief, other = (json.loads(text.strip().splitlines()[-1]) for _, text in out)
@@ -131,33 +184,71 @@ def test_hosts_share_the_run_key_and_no_device_shares_an_env_key(tmp_path):
         assert len(set(keys)) == 4, where
 
 
-@pytest.mark.parametrize("flags, environ, message", [
-    (["--num-processes", "2", "--process-id", "1", "--coordinator-timeout", "3"], {},
-     "error: no coordinator at 127.0.0.1:{port} after 3 s"),  # nothing listens on the port
-    ([], {"JTRAX_NUM_PROCESSES": "2", "JTRAX_PROCESS_ID": "2"}, "error: --process-id 2: use 0 to 1"),
-])
+@pytest.mark.parametrize(
+    "flags, environ, message",
+    [
+        # nothing listens on the port
+        (
+            ["--num-processes", "2", "--process-id", "1", "--coordinator-timeout", "3"],
+            {},
+            "error: no coordinator at 127.0.0.1:{port} after 3 s",
+        ),
+        (
+            [],
+            {"JTRAX_NUM_PROCESSES": "2", "JTRAX_PROCESS_ID": "2"},
+            "error: --process-id 2: use 0 to 1",
+        ),
+    ],
+)
 def test_cli_cluster_errors_are_clear_and_quick(tmp_path, flags, environ, message):
     port = free_port()
     tick = time.monotonic()
-    [(code, text)] = launch([[sys.executable, str(SCRIPT), *TINY, "--coordinator", f"127.0.0.1:{port}", *flags]],
-                            tmp_path, [env(**environ)])
+    [(code, text)] = launch(
+        [[sys.executable, str(SCRIPT), *TINY, "--coordinator", f"127.0.0.1:{port}", *flags]],
+        tmp_path,
+        [env(**environ)],
+    )
     assert code == 1, text
     assert message.format(port=port) in text, text
     assert "Traceback" not in text and "training" not in text
     assert time.monotonic() - tick < 60
 
 
-@pytest.mark.parametrize("args, message", [
-    (dict(coordinator="127.0.0.1:1234", num_processes=2, process_id=2), r"--process-id 2: use 0 to 1"),
-    (dict(coordinator="127.0.0.1:1234", num_processes=2, process_id=-3), r"--process-id -3: use 0 to 1"),
-    (dict(coordinator="127.0.0.1:1234", num_processes=-1, process_id=0), r"--num-processes -1: .* 1 or more"),
-    (dict(coordinator="127.0.0.1:1234", process_id=0), r"--num-processes 0: .* 1 or more"),
-    (dict(coordinator="127.0.0.1", num_processes=2, process_id=0), r"--coordinator '127.0.0.1': use HOST:PORT"),
-    (dict(coordinator="host:99999", num_processes=2, process_id=0), r"--coordinator 'host:99999': use HOST:PORT"),
-    (dict(coordinator=":1234", num_processes=2, process_id=0), r"--coordinator ':1234': use HOST:PORT"),
-    (dict(num_processes=2, process_id=1), r"need --coordinator HOST:PORT"),
-    (dict(coordinator="127.0.0.1:1234", num_processes=2, process_id=1, timeout_s=0), r"--coordinator-timeout 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            dict(coordinator="127.0.0.1:1234", num_processes=2, process_id=2),
+            r"--process-id 2: use 0 to 1",
+        ),
+        (
+            dict(coordinator="127.0.0.1:1234", num_processes=2, process_id=-3),
+            r"--process-id -3: use 0 to 1",
+        ),
+        (
+            dict(coordinator="127.0.0.1:1234", num_processes=-1, process_id=0),
+            r"--num-processes -1: .* 1 or more",
+        ),
+        (dict(coordinator="127.0.0.1:1234", process_id=0), r"--num-processes 0: .* 1 or more"),
+        (
+            dict(coordinator="127.0.0.1", num_processes=2, process_id=0),
+            r"--coordinator '127.0.0.1': use HOST:PORT",
+        ),
+        (
+            dict(coordinator="host:99999", num_processes=2, process_id=0),
+            r"--coordinator 'host:99999': use HOST:PORT",
+        ),
+        (
+            dict(coordinator=":1234", num_processes=2, process_id=0),
+            r"--coordinator ':1234': use HOST:PORT",
+        ),
+        (dict(num_processes=2, process_id=1), r"need --coordinator HOST:PORT"),
+        (
+            dict(coordinator="127.0.0.1:1234", num_processes=2, process_id=1, timeout_s=0),
+            r"--coordinator-timeout 0",
+        ),
+    ],
+)
 def test_bad_cluster_flags_are_errors_before_anything_starts(args, message):
     with pytest.raises(ValueError, match=message):
         devices.init_distributed(**args)
@@ -169,7 +260,8 @@ def test_cluster_flags_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("JTRAX_PROCESS_ID", "5")
     with pytest.raises(ValueError, match=r"--process-id 5: use 0 to 1"):
         devices.init_distributed()
-    with pytest.raises(ValueError, match=r"--process-id 7: use 0 to 3"):  # flags win over the environment
+    # flags win over the environment
+    with pytest.raises(ValueError, match=r"--process-id 7: use 0 to 3"):
         devices.init_distributed(num_processes=4, process_id=7)
     monkeypatch.setenv("JTRAX_NUM_PROCESSES", "two")
     with pytest.raises(ValueError, match=r"\$JTRAX_NUM_PROCESSES='two'"):

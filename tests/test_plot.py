@@ -1,4 +1,5 @@
 """common.plot: learning curves from run directories to PNG."""
+
 import json
 
 import numpy as np
@@ -8,13 +9,20 @@ from common import plot
 
 
 def fake_run(path, per_seed, eval_every=2):
-    """A run directory whose metrics.jsonl holds `per_seed[epoch]` returns (None: no episode ended)."""
+    """A run directory whose metrics.jsonl holds `per_seed[epoch]` returns (None: no episode
+    ended)."""
     path.mkdir()
     lines = []
     for epoch, seeds in enumerate(per_seed, start=1):
         finite = [s for s in seeds if s is not None]
-        record = {"epoch": epoch, "env_steps": 100 * epoch, "sps": 1.0, "loss/value": 0.5,
-                  "episode/return": float(np.mean(finite)) if finite else None, "episode/return_per_seed": seeds}
+        record = {
+            "epoch": epoch,
+            "env_steps": 100 * epoch,
+            "sps": 1.0,
+            "loss/value": 0.5,
+            "episode/return": float(np.mean(finite)) if finite else None,
+            "episode/return_per_seed": seeds,
+        }
         if epoch % eval_every == 0:
             record["eval/return"] = 7.0 * epoch
         lines.append(json.dumps(record))
@@ -40,10 +48,17 @@ def test_cli_writes_a_png_of_several_runs(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("make, args, message", [
-    (lambda p: p / "missing", [], "no metrics.jsonl"),
-    (lambda p: fake_run(p / "r", [[1.0]]), ["--metric", "eval/return"], "no epoch logged eval/return"),
-])
+@pytest.mark.parametrize(
+    "make, args, message",
+    [
+        (lambda p: p / "missing", [], "no metrics.jsonl"),
+        (
+            lambda p: fake_run(p / "r", [[1.0]]),
+            ["--metric", "eval/return"],
+            "no epoch logged eval/return",
+        ),
+    ],
+)
 def test_bad_input_is_a_clear_error(tmp_path, capsys, make, args, message):
     with pytest.raises(SystemExit):
         plot.main([str(make(tmp_path)), *args, "--out", str(tmp_path / "x.png")])
@@ -54,8 +69,15 @@ def test_a_real_run_of_two_seeds_is_drawn_with_its_spread(tmp_path):
     from algos import ppo_joint
     from common import run
 
-    config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=4 * 16 * 8, num_seeds=2, eval_every=4,
-                              eval_episodes=2, out_dir=str(tmp_path / "run"))
+    config = ppo_joint.Config(
+        num_envs=4,
+        num_steps=16,
+        total_steps=4 * 16 * 8,
+        num_seeds=2,
+        eval_every=4,
+        eval_episodes=2,
+        out_dir=str(tmp_path / "run"),
+    )
     summary = run.train(config, ppo_joint.make_trainer, "ppo_joint").summary
     steps, values = plot.load_curve(tmp_path / "run", "eval/return")
     np.testing.assert_array_equal(steps, [256, 512])

@@ -4,6 +4,7 @@ Sizes are tiny (CartPole-v1, 4 envs x 32 steps, `helpers.tiny`) so that each tes
 seconds once its program is compiled; compiled trainers are shared through `helpers.compiled`.
 The checkpoint tests are in test_checkpoints.py, resume and divergence in test_run.py.
 """
+
 import functools
 
 import chex
@@ -23,13 +24,26 @@ from helpers import NUM_SEEDS, TINY, compiled, host, run_keys, tiny
 
 def assert_trees_differ(a, b):
     """Every leaf differs somewhere (catches a key shared by accident)."""
-    for path, x, y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(a), jax.tree.leaves(b)):
+    for path, x, y in zip(
+        jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(a), jax.tree.leaves(b)
+    ):
         assert not np.array_equal(x, y), f"leaf {jax.tree_util.keystr(path[0])} is identical"
 
 
-LOSS_KEYS = ("loss/joint", "loss/policy", "loss/value", "policy/entropy", "policy/log_prob_mean",
-             "ppo/approx_kl", "ppo/clip_fraction", "optim/grad_norm", "value/advantage_mean",
-             "value/advantage_norm", "value/explained_variance", "policy/preferred_move")
+LOSS_KEYS = (
+    "loss/joint",
+    "loss/policy",
+    "loss/value",
+    "policy/entropy",
+    "policy/log_prob_mean",
+    "ppo/approx_kl",
+    "ppo/clip_fraction",
+    "optim/grad_norm",
+    "value/advantage_mean",
+    "value/advantage_norm",
+    "value/explained_variance",
+    "policy/preferred_move",
+)
 EPISODE_KEYS = ("episode/return", "episode/length", "episode/count")
 
 
@@ -54,7 +68,8 @@ def np_gae(rewards, values, next_values, terminated, truncated, gamma, lam):
 
 
 def np_discounted_return(rewards, next_values, terminated, truncated, gamma):
-    """G_t: rewards to the episode's end; bootstrap V(s') at a truncation and at the rollout's end."""
+    """G_t: rewards to the episode's end; bootstrap V(s') at a truncation and at the rollout's
+    end."""
     T, B = rewards.shape
     G = np.zeros((T, B))
     for b in range(B):
@@ -72,7 +87,8 @@ def np_discounted_return(rewards, next_values, terminated, truncated, gamma):
 
 
 def rollout_data(seed=0, T=24, B=6):
-    """Random `[T, B]` data shaped like a rollout: next_values[t] = values[t+1] unless the episode ended."""
+    """Random `[T, B]` data shaped like a rollout: next_values[t] = values[t+1] unless the episode
+    ended."""
     rng = np.random.default_rng(seed)
     all_values = rng.normal(size=(T + 1, B))
     values, next_values = all_values[:-1], all_values[1:].copy()
@@ -80,20 +96,30 @@ def rollout_data(seed=0, T=24, B=6):
     truncated = rng.random((T, B)) < 0.12
     terminated[5, 0] = truncated[5, 0] = True  # both at once: terminated wins, no bootstrap
     done = terminated | truncated
-    next_values[done] = rng.normal(size=done.sum()) * 3  # V(final observation), not V(reset observation)
+    # V(final observation), not V(reset observation)
+    next_values[done] = rng.normal(size=done.sum()) * 3
     rewards = rng.normal(size=(T, B))
-    assert (terminated[:-1] & ~truncated[:-1]).sum() >= 3 and (truncated[:-1] & ~terminated[:-1]).sum() >= 3
+    assert (terminated[:-1] & ~truncated[:-1]).sum() >= 3 and (
+        truncated[:-1] & ~terminated[:-1]
+    ).sum() >= 3
     assert not done[-1].all()
-    return tuple(x.astype(np.float32) for x in (rewards, values, next_values)) + (terminated, truncated)
+    return tuple(x.astype(np.float32) for x in (rewards, values, next_values)) + (
+        terminated,
+        truncated,
+    )
 
 
 class GaeTest(chex.TestCase):
-
     def _gae(self, data, gamma, lam):
         rewards, values, next_values, terminated, truncated = data
         fn = self.variant(functools.partial(gae, gamma=gamma, lam=lam))
-        adv, targets = fn(jnp.asarray(rewards), jnp.asarray(values), jnp.asarray(next_values),
-                          jnp.asarray(terminated), jnp.asarray(terminated | truncated))
+        adv, targets = fn(
+            jnp.asarray(rewards),
+            jnp.asarray(values),
+            jnp.asarray(next_values),
+            jnp.asarray(terminated),
+            jnp.asarray(terminated | truncated),
+        )
         chex.assert_shape([adv, targets], rewards.shape)
         np.testing.assert_allclose(targets, np.asarray(adv) + values, rtol=1e-5, atol=1e-5)
         return np.asarray(adv, np.float64)
@@ -102,7 +128,9 @@ class GaeTest(chex.TestCase):
     def test_gae_matches_numpy_loop(self):
         for seed, gamma, lam in [(0, 0.99, 0.95), (1, 0.9, 0.5), (2, 0.97, 0.8)]:
             data = rollout_data(seed)
-            np.testing.assert_allclose(self._gae(data, gamma, lam), np_gae(*data, gamma, lam), rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(
+                self._gae(data, gamma, lam), np_gae(*data, gamma, lam), rtol=1e-4, atol=1e-4
+            )
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_lambda_one_is_monte_carlo(self):
@@ -127,8 +155,8 @@ class GaeTest(chex.TestCase):
         terminated = np.array([[True, False, False], [False, False, False]])
         truncated = np.array([[False, True, False], [False, False, False]])
         adv = self._gae((rewards, values, next_values, terminated, truncated), 0.5, 0.5)
-        # t = 1: 10 + 0.5 * 3 - 2 = 9.5 everywhere
-        # t = 0: terminated 1 - 1 = 0; truncated 1 + 0.5 * 4 - 1 = 2 (and nothing of t = 1 leaks in);
+        # t = 1: 10 + 0.5 * 3 - 2 = 9.5 everywhere t = 0: terminated 1 - 1 = 0; truncated 1 + 0.5 *
+        # 4 - 1 = 2 (and nothing of t = 1 leaks in);
         #        running 1 + 0.5 * 2 - 1 + 0.25 * 9.5 = 3.375
         np.testing.assert_allclose(adv, [[0.0, 2.0, 3.375], [9.5, 9.5, 9.5]], rtol=1e-6)
 
@@ -144,11 +172,13 @@ def test_gae_checks_ranks():
 # ----------------------------------------------------------------------------
 def random_batch(seed, n, obs_dim=4, n_actions=2):
     rng = np.random.default_rng(seed)
-    return Batch(obs=jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32),
-                 action=jnp.asarray(rng.integers(0, n_actions, size=n), jnp.int32),
-                 log_prob=jnp.asarray(np.log(0.5) + rng.normal(size=n) * 0.3, jnp.float32),
-                 advantage=jnp.asarray(rng.normal(size=n) + 0.3, jnp.float32),
-                 target=jnp.asarray(rng.normal(size=n), jnp.float32))
+    return Batch(
+        obs=jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32),
+        action=jnp.asarray(rng.integers(0, n_actions, size=n), jnp.int32),
+        log_prob=jnp.asarray(np.log(0.5) + rng.normal(size=n) * 0.3, jnp.float32),
+        advantage=jnp.asarray(rng.normal(size=n) + 0.3, jnp.float32),
+        target=jnp.asarray(rng.normal(size=n), jnp.float32),
+    )
 
 
 @pytest.mark.parametrize("normalize", [False, True])
@@ -161,7 +191,9 @@ def test_ppo_loss_matches_numpy(normalize):
     batch = random_batch(0, 64)
     loss, metrics = ppo_loss(params, batch, dist, config)
 
-    inputs, values = jax.vmap(ppo_joint.network, (None, 0, None, None))(params, batch.obs, dist, "tanh")
+    inputs, values = jax.vmap(ppo_joint.network, (None, 0, None, None))(
+        params, batch.obs, dist, "tanh"
+    )
     logits, values = np.asarray(inputs, np.float64), np.asarray(values, np.float64)
     log_pi = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     log_prob = log_pi[np.arange(64), np.asarray(batch.action)]
@@ -202,7 +234,8 @@ def check_metrics(metrics, lead_shape):
     for key in EPISODE_KEYS:
         assert np.all(np.isfinite(metrics[key])), key
     assert np.all(np.asarray(metrics["episode/length"]) >= 8)  # CartPole cannot fall sooner
-    np.testing.assert_allclose(metrics["episode/return"], metrics["episode/length"])  # reward 1 per step
+    # reward 1 per step
+    np.testing.assert_allclose(metrics["episode/return"], metrics["episode/length"])
 
 
 class EpochVariantsTest(chex.TestCase):
@@ -216,14 +249,16 @@ class EpochVariantsTest(chex.TestCase):
         new_state, metrics = epoch(state)
         chex.assert_trees_all_equal_shapes_and_dtypes(new_state, state)
         check_metrics(metrics, (1, NUM_SEEDS))
-        # a fresh policy is near uniform: episodes last as a random policy's (about 22 steps), not as
-        # one repeated action's (about 9), which is what exploration keys reused across steps give
+        # a fresh policy is near uniform: episodes last as a random policy's (about 22 steps), not
+        # as one repeated action's (about 9), which is what exploration keys reused across steps
+        # give
         assert np.all(np.asarray(metrics["episode/length"]) > 14), metrics["episode/length"]
         # the update happened: every parameter moved, Adam counted every minibatch step
         assert_trees_differ(new_state.params, state.params)
         counts = [x for x in jax.tree.leaves(new_state.opt_state) if x.dtype == jnp.int32]
-        assert counts and all(np.all(np.asarray(x) == TINY["update_epochs"] * TINY["num_minibatches"])
-                              for x in counts)
+        assert counts and all(
+            np.all(np.asarray(x) == TINY["update_epochs"] * TINY["num_minibatches"]) for x in counts
+        )
         assert not np.array_equal(new_state.key, state.key)
 
 
@@ -239,19 +274,25 @@ def test_compiled_epoch_is_traced_once(n_devices, num_seeds):
         check_metrics(host(metrics), (n_devices, num_seeds))
     chex.assert_trees_all_equal_shapes_and_dtypes(state, shapes)
     # the runner state comes back exactly as it went in (dtype and weak type), so no retrace
-    assert jax.tree.map(lambda s: s.weak_type, jax.eval_shape(lambda s: s, state)) == \
-        jax.tree.map(lambda s: s.weak_type, shapes)
+    assert jax.tree.map(lambda s: s.weak_type, jax.eval_shape(lambda s: s, state)) == jax.tree.map(
+        lambda s: s.weak_type, shapes
+    )
 
 
 @pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])  # Pendulum's reset is weak-typed
 def test_runner_state_types_are_stable(env):
-    """epoch(state) returns leaves of the same shape, dtype AND weak type, so a jitted epoch never retraces."""
+    """epoch(state) returns leaves of the same shape, dtype AND weak type, so a jitted epoch never
+    retraces."""
     trainer = make_trainer(tiny(env=env))
     state = jax.eval_shape(devices.map_init(trainer.init), run_keys(0))
     after, _ = jax.eval_shape(devices.map_epoch(trainer.epoch, 1), state)
-    changed = [f"{jax.tree_util.keystr(path)}: {a} -> {b}"
-               for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(state)[0], jax.tree.leaves(after))
-               if (a.shape, a.dtype, a.weak_type) != (b.shape, b.dtype, b.weak_type)]
+    changed = [
+        f"{jax.tree_util.keystr(path)}: {a} -> {b}"
+        for (path, a), b in zip(
+            jax.tree_util.tree_flatten_with_path(state)[0], jax.tree.leaves(after)
+        )
+        if (a.shape, a.dtype, a.weak_type) != (b.shape, b.dtype, b.weak_type)
+    ]
     assert jax.tree.structure(state) == jax.tree.structure(after)
     assert not changed, "\n".join(changed)
 
@@ -270,7 +311,13 @@ def test_same_seed_same_run():
 def test_different_seeds_differ_in_params_and_trajectories():
     c = compiled()
     a, b = c.init(run_keys(0)), c.init(run_keys(1))
-    weights = lambda s: [layer["w"] for layer in s.params["torso"]] + [s.params["policy"]["w"], s.params["value"]["w"]]  # noqa: E731,E501
+
+    def weights(s):
+        return [layer["w"] for layer in s.params["torso"]] + [
+            s.params["policy"]["w"],
+            s.params["value"]["w"],
+        ]
+
     assert_trees_differ(host(weights(a)), host(weights(b)))  # biases start at zero for every seed
     assert not np.array_equal(a.obs, b.obs)
     # the seeds of one program differ from each other too
@@ -324,16 +371,21 @@ def test_pmean_of_half_batch_gradients_equals_full_batch_step():
 
     add_axes = lambda n: lambda x: jnp.broadcast_to(x, (n, 1) + x.shape)  # noqa: E731  [D, seeds, ...]
     halves = jax.tree.map(lambda x: x.reshape((2, 1, 32) + x.shape[1:]), batch)
-    grads2, params2 = devices.map_epoch(step, 2, donate=False)((jax.tree.map(add_axes(2), params), halves))
+    grads2, params2 = devices.map_epoch(step, 2, donate=False)(
+        (jax.tree.map(add_axes(2), params), halves)
+    )
     grads1, params1 = devices.map_epoch(step, 1, donate=False)(
-    (jax.tree.map(add_axes(1), params), jax.tree.map(lambda x: x[None, None], batch)))
+        (jax.tree.map(add_axes(1), params), jax.tree.map(lambda x: x[None, None], batch))
+    )
     assert len(grads2["torso"][0]["w"].sharding.device_set) == 2  # really on two devices
     device = lambda tree, i: jax.tree.map(lambda x: x[i, 0], host(tree))  # noqa: E731
     chex.assert_trees_all_equal(device(grads2, 0), device(grads2, 1))
     chex.assert_trees_all_close(device(grads2, 0), device(grads1, 0), rtol=1e-5, atol=1e-6)
     chex.assert_trees_all_close(device(params2, 0), device(params1, 0), rtol=1e-5, atol=1e-6)
     # the halves alone give other gradients: the average is what makes them agree
-    half, _ = jax.grad(ppo_loss, has_aux=True)(params, jax.tree.map(lambda x: x[:32], batch), dist, config)
+    half, _ = jax.grad(ppo_loss, has_aux=True)(
+        params, jax.tree.map(lambda x: x[:32], batch), dist, config
+    )
     assert not np.allclose(half["torso"][0]["w"], grads1["torso"][0]["w"][0, 0], rtol=1e-3)
 
 
@@ -343,8 +395,10 @@ def test_two_device_epoch_keeps_devices_in_sync():
     chex.assert_shape(state.obs, (2, NUM_SEEDS, 2, 4))  # the 4 envs split over 2 devices
     # parameters are initialised from the seed key alone: the same as on one device
     one = compiled().init(run_keys(0, n_devices=1))
-    chex.assert_trees_all_equal(jax.tree.map(lambda x: x[0], host(state.params)),
-                                jax.tree.map(lambda x: x[0], host(one.params)))
+    chex.assert_trees_all_equal(
+        jax.tree.map(lambda x: x[0], host(state.params)),
+        jax.tree.map(lambda x: x[0], host(one.params)),
+    )
     for _ in range(3):
         state, metrics = c.epoch(state)
     assert c.traces == 1
@@ -360,35 +414,44 @@ def test_two_device_epoch_keeps_devices_in_sync():
     assert np.all(metrics["episode/count"] > 0)
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (dict(num_steps=8, num_minibatches=3), r"--num-minibatches 3 .* 4 envs x 8 steps = 32"),
-    (dict(num_envs=4, num_steps=3, num_minibatches=4, n_devices=2), r"--num-minibatches 4 .*per-device .* = 6"),
-    (dict(num_envs=3, n_devices=2), r"--num-envs 3 .*--n-devices 2"),
-    (dict(env="CartPole-v7"), r"--env 'CartPole-v7'.*CartPole-v1"),
-    (dict(env="NoSuchEnv-v0"), r"--env 'NoSuchEnv-v0'"),
-    (dict(std="network"), r"--std network.*2 discrete"),
-    (dict(total_steps=100), r"--total-steps 100 .*one epoch"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(num_steps=8, num_minibatches=3), r"--num-minibatches 3 .* 4 envs x 8 steps = 32"),
+        (
+            dict(num_envs=4, num_steps=3, num_minibatches=4, n_devices=2),
+            r"--num-minibatches 4 .*per-device .* = 6",
+        ),
+        (dict(num_envs=3, n_devices=2), r"--num-envs 3 .*--n-devices 2"),
+        (dict(env="CartPole-v7"), r"--env 'CartPole-v7'.*CartPole-v1"),
+        (dict(env="NoSuchEnv-v0"), r"--env 'NoSuchEnv-v0'"),
+        (dict(std="network"), r"--std network.*2 discrete"),
+        (dict(total_steps=100), r"--total-steps 100 .*one epoch"),
+    ],
+)
 def test_bad_input_rejected_by_make_trainer(overrides, match):
     config = tiny(**overrides)  # valid on its own; only the environment or the devices reject it
     with pytest.raises(ValueError, match=match):
         make_trainer(config)
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (dict(num_envs=0), "--num-envs"),
-    (dict(num_minibatches=0), "--num-minibatches"),
-    (dict(update_epochs=0), "--update-epochs"),
-    (dict(lr=0.0), "--lr 0.0"),
-    (dict(gamma=1.5), "--gamma 1.5"),
-    (dict(gae_lambda=-0.1), "--gae-lambda -0.1"),
-    (dict(max_grad_norm=-1.0), "--max-grad-norm -1.0"),
-    (dict(hidden=()), "--hidden"),
-    (dict(num_seeds=0), "--num-seeds 0"),
-    (dict(n_devices=-1), "--n-devices -1"),
-    (dict(total_steps=0), "--total-steps 0"),
-    (dict(eval_only=True), "--eval-only needs --resume"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(num_envs=0), "--num-envs"),
+        (dict(num_minibatches=0), "--num-minibatches"),
+        (dict(update_epochs=0), "--update-epochs"),
+        (dict(lr=0.0), "--lr 0.0"),
+        (dict(gamma=1.5), "--gamma 1.5"),
+        (dict(gae_lambda=-0.1), "--gae-lambda -0.1"),
+        (dict(max_grad_norm=-1.0), "--max-grad-norm -1.0"),
+        (dict(hidden=()), "--hidden"),
+        (dict(num_seeds=0), "--num-seeds 0"),
+        (dict(n_devices=-1), "--n-devices -1"),
+        (dict(total_steps=0), "--total-steps 0"),
+        (dict(eval_only=True), "--eval-only needs --resume"),
+    ],
+)
 def test_bad_input_rejected_by_config(overrides, match):
     with pytest.raises(ValueError, match=match):
         Config(**{**TINY, **overrides})

@@ -1,7 +1,9 @@
-"""What every script promises about a run: a non-finite loss term stops it, --resume continues it exactly,
-load_agent acts as it trained, and --sweep members train as runs of their values.
+"""What every script promises about a run: a non-finite loss term stops it, --resume continues it
+exactly, load_agent acts as it trained, and --sweep members train as runs of their values.
 
-Tiny configurations (an epoch is a few hundred steps); the runs share the session's compile cache."""
+Tiny configurations (an epoch is a few hundred steps); the runs share the session's compile
+cache."""
+
 import dataclasses
 import importlib
 import json
@@ -24,28 +26,33 @@ RUN = dict(n_devices=1, eval_every=0, eval_episodes=2, no_compile_cache=True)
 
 
 def config(name, out_dir, epochs=3, **overrides):
-    """`(module, Config)`: the script's tiny run of `epochs` epochs on one device, writing to `out_dir`."""
+    """`(module, Config)`: the script's tiny run of `epochs` epochs on one device, writing to
+    `out_dir`."""
     module = importlib.import_module(f"algos.{name}")
     tiny = TINY_BY_SCRIPT[name]
     steps = tiny["num_envs"] * tiny["num_steps"]
-    return module, module.Config(**{**tiny, **RUN, "total_steps": epochs * steps, "out_dir": str(out_dir),
-                                    **overrides})
+    return module, module.Config(
+        **{**tiny, **RUN, "total_steps": epochs * steps, "out_dir": str(out_dir), **overrides}
+    )
 
 
 # ----------------------------------------------------------------------------
 # A non-finite loss term stops the run
 # ----------------------------------------------------------------------------
-@pytest.mark.parametrize("name, overrides", [
-    # Sampling AWR weighs the policy with the critic's copy from the epoch's start, and actor_critic's
-    # advantages come from the value net before its update: a diverged critic reaches their policy loss
-    # only in the next epoch (and never in a run of one epoch)
-    ("awr", dict(value_lr=1e30, q_value=True, n_samples=2)),
-    ("actor_critic", dict(value_lr=1e30)),
-])
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        # Sampling AWR weighs the policy with the critic's copy from the epoch's start, and
+        # actor_critic's advantages come from the value net before its update: a diverged critic
+        # reaches their policy loss only in the next epoch (and never in a run of one epoch)
+        ("awr", dict(value_lr=1e30, q_value=True, n_samples=2)),
+        ("actor_critic", dict(value_lr=1e30)),
+    ],
+)
 def test_a_non_finite_value_loss_stops_the_run_in_its_epoch(tmp_path, name, overrides):
-    """An absurd value learning rate throws the critic's parameters to ~1e30 at its first Adam step, so
-    loss/value is not finite in the first epoch while loss/policy still is: the run stops there, naming it,
-    without a checkpoint."""
+    """An absurd value learning rate throws the critic's parameters to ~1e30 at its first Adam step,
+    so loss/value is not finite in the first epoch while loss/policy still is: the run stops there,
+    naming it, without a checkpoint."""
     module, cfg = config(name, tmp_path / "run", epochs=1, **overrides)
     with pytest.raises(SystemExit) as info:
         run.train(cfg, module.make_trainer, name)
@@ -58,7 +65,11 @@ def test_a_non_finite_value_loss_stops_the_run_in_its_epoch(tmp_path, name, over
 # ----------------------------------------------------------------------------
 # --resume continues a run exactly: after Ctrl-C and after kill -9
 # ----------------------------------------------------------------------------
-EPOCHS, CHECKPOINT_EVERY = 4, 2  # the replay rings (awr: 2 epochs, dqn_value: 3) wrap; skip_transformer skips
+# the replay rings (awr: 2 epochs, dqn_value: 3) wrap; skip_transformer skips
+EPOCHS, CHECKPOINT_EVERY = (
+    4,
+    2,
+)
 # blocks from its first gradient step
 
 
@@ -68,7 +79,8 @@ def resume_config(name, out_dir, **overrides):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """`run_dir(name)`: the run of `resume_config(name)` from start to end, trained once per module."""
+    """`run_dir(name)`: the run of `resume_config(name)` from start to end, trained once per
+    module."""
     runs = {}
 
     def run_dir(name):
@@ -82,28 +94,39 @@ def uninterrupted(tmp_path_factory):
 
 
 def assert_same_run(whole: Path, resumed: Path):
-    """The newest checkpoints hold the same arrays, bit for bit; the metrics files the same epochs and numbers."""
+    """The newest checkpoints hold the same arrays, bit for bit; the metrics files the same epochs
+    and numbers."""
     a, b = checkpoints.latest(whole / "checkpoints"), checkpoints.latest(resumed / "checkpoints")
     assert a.name == b.name == f"epoch_{EPOCHS:06d}.npz"
     with np.load(a, allow_pickle=False) as x, np.load(b, allow_pickle=False) as y:
         assert x.files == y.files
         for key in x.files:
             np.testing.assert_array_equal(x[key], y[key], err_msg=key)
-    lines = [[{k: v for k, v in json.loads(line).items() if k != "sps"}
-              for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (whole, resumed)]
+    lines = [
+        [
+            {k: v for k, v in json.loads(line).items() if k != "sps"}
+            for line in (d / "metrics.jsonl").read_text().splitlines()
+        ]
+        for d in (whole, resumed)
+    ]
     assert [r["epoch"] for r in lines[1]] == list(range(1, EPOCHS + 1))
     assert lines[0] == lines[1]
 
 
 # ppo_joint's and dqn_value's own test files resume them after max_epochs (tests/test_ppo_joint.py,
 # tests/test_dqn_value.py)
-@pytest.mark.parametrize("name", slow_for(["awr", "actor_critic", "reinforce", "skip_transformer"], "skip_transformer"))
+@pytest.mark.parametrize(
+    "name", slow_for(["awr", "actor_critic", "reinforce", "skip_transformer"], "skip_transformer")
+)
 def test_resume_after_ctrl_c_ends_as_the_uninterrupted_run(tmp_path, uninterrupted, name):
-    """`max_epochs` stops as Ctrl-C does (a checkpoint at the epoch reached); --resume then ends bit for bit
-    where the uninterrupted run ends: awr's replay ring, skip_transformer's depth key and gradient step count,
-    every optimiser and environment state and key travel in the checkpoint."""
+    """`max_epochs` stops as Ctrl-C does (a checkpoint at the epoch reached); --resume then ends bit
+    for bit where the uninterrupted run ends: awr's replay ring, skip_transformer's depth key and
+    gradient step count, every optimiser and environment state and key travel in the checkpoint."""
     module, cfg = resume_config(name, tmp_path / "run")
-    assert run.train(cfg, module.make_trainer, name, max_epochs=CHECKPOINT_EVERY + 1).summary["epoch"] == 3
+    assert (
+        run.train(cfg, module.make_trainer, name, max_epochs=CHECKPOINT_EVERY + 1).summary["epoch"]
+        == 3
+    )
     assert checkpoints.latest(tmp_path / "run" / "checkpoints").name == "epoch_000003.npz"
     run.train(dataclasses.replace(cfg, resume=str(tmp_path / "run")), module.make_trainer, name)
     assert_same_run(uninterrupted(name), tmp_path / "run")
@@ -136,17 +159,34 @@ run.train(module.Config(**{config!r}), module.make_trainer, {name!r})
 @pytest.mark.slow  # a fresh process per script: 10-30 s each
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_resume_after_kill_9_ends_as_the_uninterrupted_run(tmp_path, uninterrupted, name):
-    """A run killed with SIGKILL after logging epoch 3 (its newest checkpoint: epoch 2) resumes from that
-    checkpoint, drops epoch 3 from metrics.jsonl, and ends bit for bit as the uninterrupted run."""
+    """A run killed with SIGKILL after logging epoch 3 (its newest checkpoint: epoch 2) resumes from
+    that checkpoint, drops epoch 3 from metrics.jsonl, and ends bit for bit as the uninterrupted
+    run."""
     module, cfg = resume_config(name, tmp_path / "run")
-    cache = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
-                                                 "jax_persistent_cache_min_compile_time_secs",
-                                                 "jax_persistent_cache_min_entry_size_bytes")}
-    code = KILLED.format(root=str(Path(__file__).resolve().parents[1]), cache=cache, name=name,
-                         hang_at=CHECKPOINT_EVERY + 1, config=dataclasses.asdict(cfg))
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=os.environ.copy())
-    timer = threading.Timer(240, child.kill)  # a child that never logs epoch 3 fails the test, not CI
+    cache = {
+        k: getattr(jax.config, k)
+        for k in (
+            "jax_compilation_cache_dir",
+            "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes",
+        )
+    }
+    code = KILLED.format(
+        root=str(Path(__file__).resolve().parents[1]),
+        cache=cache,
+        name=name,
+        hang_at=CHECKPOINT_EVERY + 1,
+        config=dataclasses.asdict(cfg),
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    # a child that never logs epoch 3 fails the test, not CI
+    timer = threading.Timer(240, child.kill)
     timer.start()
     try:
         lines = []
@@ -159,8 +199,13 @@ def test_resume_after_kill_9_ends_as_the_uninterrupted_run(tmp_path, uninterrupt
     finally:
         timer.cancel()
         child.kill()
-    assert checkpoints.latest(tmp_path / "run" / "checkpoints").name == f"epoch_{CHECKPOINT_EVERY:06d}.npz"
-    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == CHECKPOINT_EVERY + 1
+    assert (
+        checkpoints.latest(tmp_path / "run" / "checkpoints").name
+        == f"epoch_{CHECKPOINT_EVERY:06d}.npz"
+    )
+    assert (
+        len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == CHECKPOINT_EVERY + 1
+    )
     run.train(dataclasses.replace(cfg, resume=str(tmp_path / "run")), module.make_trainer, name)
     assert_same_run(uninterrupted(name), tmp_path / "run")
 
@@ -169,25 +214,41 @@ def test_resume_after_kill_9_ends_as_the_uninterrupted_run(tmp_path, uninterrupt
 # load_agent: Box actions and a swept run
 # ----------------------------------------------------------------------------
 def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path):
-    """ppo_joint on Pendulum-v1 (a Box action) with --sweep lr=... and 2 seeds: `seed=i` is entry i of the
-    member-major seed axis (member i // 2, seed i % 2), whose swept value `sweep.build` feeds its
-    programs; its actions are the trainer's greedy (clipped mean) actions on those parameters."""
+    """ppo_joint on Pendulum-v1 (a Box action) with --sweep lr=... and 2 seeds: `seed=i` is entry
+    i of the member-major seed axis (member i // 2, seed i % 2), whose swept value `sweep.build`
+    feeds its programs; its actions are the trainer's greedy (clipped mean) actions on those
+    parameters."""
     from algos import ppo_joint
 
-    cfg = ppo_joint.Config(env="Pendulum-v1", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2,
-                           total_steps=128, num_seeds=2, sweep=("lr=0.01,0.001",), **RUN, out_dir=str(tmp_path))
+    cfg = ppo_joint.Config(
+        env="Pendulum-v1",
+        num_envs=4,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=2,
+        total_steps=128,
+        num_seeds=2,
+        sweep=("lr=0.01,0.001",),
+        **RUN,
+        out_dir=str(tmp_path),
+    )
     run.train(cfg, ppo_joint.make_trainer, "ppo_joint")
     trainer, keys, values = sweep.build(cfg, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
-    inner, _ = checkpoints.load(checkpoints.latest(tmp_path / "checkpoints"),
-                                jax.eval_shape(devices.map_init(trainer.init), keys, values))
+    inner, _ = checkpoints.load(
+        checkpoints.latest(tmp_path / "checkpoints"),
+        jax.eval_shape(devices.map_init(trainer.init), keys, values),
+    )
     np.testing.assert_array_equal(values["lr"][0], np.float32([0.01, 0.01, 0.001, 0.001]))
     obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
-    every = np.asarray(checkpoints.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer)(obs))
+    every = np.asarray(
+        checkpoints.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer)(obs)
+    )
     assert every.shape == (4, 5, 1) and every.dtype == np.float32
     assert np.all(np.abs(every) <= 2.0)  # Pendulum's torque bound
     for i in range(4):
         act = checkpoints.load_agent(tmp_path, ppo_joint.Config, ppo_joint.make_trainer, seed=i)
-        policy = envs.Policy(params=jax.tree.map(lambda x, i=i: x[0, i], inner.params))  # device 0, entry i
+        # device 0, entry i
+        policy = envs.Policy(params=jax.tree.map(lambda x, i=i: x[0, i], inner.params))
         want = np.stack([np.asarray(trainer.act(policy, o, None)) for o in obs])
         np.testing.assert_allclose(act(obs), want, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(every[i], want, rtol=1e-6, atol=1e-6)
@@ -198,14 +259,20 @@ def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path):
 # ----------------------------------------------------------------------------
 # --sweep: a member trains as the run with its value
 # ----------------------------------------------------------------------------
-SWEPT = {"awr": "beta", "actor_critic": "value_lr", "reinforce": "lr", "dqn_value": "lr", "skip_transformer": "lr"}
+SWEPT = {
+    "awr": "beta",
+    "actor_critic": "value_lr",
+    "reinforce": "lr",
+    "dqn_value": "lr",
+    "skip_transformer": "lr",
+}
 
 
 # ppo_joint's: tests/test_inprocess_sweep.py, through run.train
 @pytest.mark.parametrize("name", slow_for(sorted(SWEPT), "skip_transformer"))
 def test_a_swept_member_trains_as_the_run_with_its_value(name):
-    """--sweep FLAG=default,default/2: member 1 ends 2 epochs where a run with FLAG=default/2 ends (same
-    keys), and apart from member 0: the traced value reaches the math, in member order."""
+    """--sweep FLAG=default,default/2: member 1 ends 2 epochs where a run with FLAG=default/2 ends
+    (same keys), and apart from member 0: the traced value reaches the math, in member order."""
     flag = SWEPT[name]
     module, cfg = config(name, "", epochs=2)
     value = getattr(cfg, flag) / 2
@@ -225,5 +292,7 @@ def test_a_swept_member_trains_as_the_run_with_its_value(name):
     member = lambda params, i: jax.tree.map(lambda x: np.asarray(x[i]), params)  # noqa: E731
     for x, y in zip(jax.tree.leaves(member(together, 1)), jax.tree.leaves(member(by_itself, 0))):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
-    assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(member(together, 0)),
-                                                      jax.tree.leaves(member(together, 1))))
+    assert not all(
+        np.allclose(x, y)
+        for x, y in zip(jax.tree.leaves(member(together, 0)), jax.tree.leaves(member(together, 1)))
+    )

@@ -1,6 +1,8 @@
-"""common/cli.py, run.py, loop.py, outputs.py: the CLI from a config dataclass, epochs in chunks, the metrics
-logger and wandb failures, metrics.jsonl on --resume, load_agent, the one-line errors of main; train() on
-the tiny ppo_joint run: resume equal to the uninterrupted run, divergence, input refused before any write."""
+"""common/cli.py, run.py, loop.py, outputs.py: the CLI from a config dataclass, epochs in chunks,
+the metrics logger and wandb failures, metrics.jsonl on --resume, load_agent, the one-line errors of
+main; train() on the tiny ppo_joint run: resume equal to the uninterrupted run, divergence, input
+refused before any write."""
+
 import dataclasses
 import json
 import math
@@ -40,34 +42,56 @@ def test_flags_come_from_fields_with_their_docstrings():
     assert "--n_samples" not in text  # the snake_case alias is accepted but hidden
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--n-samples", "4", "--q-value"], dict(n_samples=4, q_value=True)),
-    # as a wandb sweep agent passes values: --key=value, Python str() formatting
-    (["--n_samples=4", "--q_value=True", "--lr=1e-05"], dict(n_samples=4, q_value=True, lr=1e-05)),
-    (["--q-value=False", "--hidden", "32", "16", "--agg", "max"], dict(q_value=False, hidden=(32, 16), agg="max")),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--n-samples", "4", "--q-value"], dict(n_samples=4, q_value=True)),
+        # as a wandb sweep agent passes values: --key=value, Python str() formatting
+        (
+            ["--n_samples=4", "--q_value=True", "--lr=1e-05"],
+            dict(n_samples=4, q_value=True, lr=1e-05),
+        ),
+        (
+            ["--q-value=False", "--hidden", "32", "16", "--agg", "max"],
+            dict(q_value=False, hidden=(32, 16), agg="max"),
+        ),
+    ],
+)
 def test_parse_config(argv, expected):
     config = cli.parse_config(Toy, argv)
     for key, value in expected.items():
         assert getattr(config, key) == value
 
 
-@pytest.mark.parametrize("argv", [["--agg", "median"], ["--n-samples", "x"], ["--num-seeds", "0"],
-                                  ["--eval-only"], ["--q-value=maybe"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--agg", "median"],
+        ["--n-samples", "x"],
+        ["--num-seeds", "0"],
+        ["--eval-only"],
+        ["--q-value=maybe"],
+    ],
+)
 def test_bad_flags_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.parse_config(Toy, argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "error:" in err and "--help lists every flag" in err
-    assert len(err.strip().splitlines()) == 1, err  # the message alone, not a usage block of every flag before it
+    # the message alone, not a usage block of every flag before it
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_resume_takes_the_saved_config_and_run_flags_from_the_command_line(tmp_path, capsys):
     saved = Toy(n_samples=3, hidden=(8,), out_dir=str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(saved)))
-    config = cli.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "3", "--lr", "0.01", "--eval-only"])
-    assert config.n_samples == 3 and config.hidden == (8,) and config.eval_only and config.lr == 0.01
+    config = cli.parse_config(
+        Toy, ["--resume", str(tmp_path), "--n-samples", "3", "--lr", "0.01", "--eval-only"]
+    )
+    assert (
+        config.n_samples == 3 and config.hidden == (8,) and config.eval_only and config.lr == 0.01
+    )
     with pytest.raises(SystemExit):  # a flag the checkpoint's state or the run depends on
         cli.parse_config(Toy, ["--resume", str(tmp_path), "--n-samples", "9"])
     assert "cannot change --n-samples: start a new run" in capsys.readouterr().err
@@ -80,12 +104,15 @@ def test_epochs_per_call_and_records():
     assert loop.epochs_per_call(1024, 488) == 64
     assert loop.epochs_per_call(100_000, 488) == 1
     assert loop.epochs_per_call(500, 10) == 10
-    metrics = {"loss": np.array([[[1.0, 2.0, 9.0], [3.0, 4.0, 9.0]]]),  # [devices, seeds, epochs]
-               "episode/return": np.array([[[np.nan, 5.0, 0.0], [7.0, np.nan, 0.0]]])}
+    metrics = {
+        "loss": np.array([[[1.0, 2.0, 9.0], [3.0, 4.0, 9.0]]]),  # [devices, seeds, epochs]
+        "episode/return": np.array([[[np.nan, 5.0, 0.0], [7.0, np.nan, 0.0]]]),
+    }
     records = loop.records(metrics, 2)
     per_seed = [r.pop("episode/return_per_seed") for r in records]
     assert records == [{"loss": 2.0, "episode/return": 7.0}, {"loss": 3.0, "episode/return": 5.0}]
-    np.testing.assert_array_equal(per_seed, [[np.nan, 7.0], [5.0, np.nan]])  # each seed, for common.plot
+    # each seed, for common.plot
+    np.testing.assert_array_equal(per_seed, [[np.nan, 7.0], [5.0, np.nan]])
     diverged = loop.records({"loss": np.array([[[1.0], [np.nan]]])}, 1)  # one seed's loss is NaN
     assert math.isnan(diverged[0]["loss"])
     assert math.isnan(loop.records({"x": np.full((1, 2, 1), np.nan)}, 1)[0]["x"])
@@ -124,19 +151,19 @@ def test_a_failing_wandb_never_stops_training(tmp_path, monkeypatch, capsys):
     logger.log(record)
     logger.log({**record, "epoch": 2})
     assert logger.wandb is None
-    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [l["epoch"] for l in lines] == [1, 2] and lines[0]["episode/return"] is None
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == [1, 2] and lines[0]["episode/return"] is None
 
 
 def test_resume_drops_epochs_after_the_checkpoint_and_a_torn_last_line(tmp_path, capsys):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"epoch": e}) + "\n" for e in range(1, 8)))
     outputs.trim_metrics(path, 5)
-    assert [json.loads(l)["epoch"] for l in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    assert [json.loads(line)["epoch"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
     assert "dropped 2 line(s) past the checkpoint's epoch 5" in capsys.readouterr().err
     path.write_text(path.read_text() + '{"epoch": 6, "env_st')  # the write of epoch 6 cut short
     outputs.trim_metrics(path, 5)
-    assert [json.loads(l)["epoch"] for l in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    assert [json.loads(line)["epoch"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
     err = capsys.readouterr().err
     assert "dropped its last line, cut short" in err and str(path) in err and "past" not in err
     path.write_text('{"epoch": 1}\nnot json\n{"epoch": 2}\n')
@@ -150,10 +177,19 @@ def test_load_agent_acts_as_the_saved_policy(tmp_path, monkeypatch):
     from algos import ppo_joint
 
     monkeypatch.chdir(tmp_path)  # no --out-dir: the run's own directory, which train returns
-    config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=128, num_seeds=2, n_devices=2, eval_every=0,
-                              eval_episodes=2)
+    config = ppo_joint.Config(
+        num_envs=4,
+        num_steps=16,
+        total_steps=128,
+        num_seeds=2,
+        n_devices=2,
+        eval_every=0,
+        eval_episodes=2,
+    )
     run_dir = run.train(config, ppo_joint.make_trainer, "ppo_joint").run_dir
-    assert run_dir.parent == Path("runs") and run_dir.name.startswith("ppo_joint-CartPole-v1-seed0-")
+    assert run_dir.parent == Path("runs") and run_dir.name.startswith(
+        "ppo_joint-CartPole-v1-seed0-"
+    )
     assert (run_dir / "summary.json").is_file()
     act = checkpoints.load_agent(run_dir, ppo_joint.Config, ppo_joint.make_trainer)
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
@@ -161,10 +197,15 @@ def test_load_agent_acts_as_the_saved_policy(tmp_path, monkeypatch):
     assert both.shape == (2, 5) and np.asarray(act(obs[0])).shape == (2,)
     first = checkpoints.load_agent(run_dir, ppo_joint.Config, ppo_joint.make_trainer, seed=1)
     np.testing.assert_array_equal(first(obs), both[1])
-    # the same actions as the trainer's own greedy policy on the checkpoint's parameters (device 0, seed 1)
+    # the same actions as the trainer's own greedy policy on the checkpoint's parameters (device 0,
+    # seed 1)
     trainer = ppo_joint.make_trainer(config)
-    state, _ = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), jax.eval_shape(
-        devices.map_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 2)))
+    state, _ = checkpoints.load(
+        checkpoints.latest(run_dir / "checkpoints"),
+        jax.eval_shape(
+            devices.map_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 2)
+        ),
+    )
     policy = envs.Policy(params=jax.tree.map(lambda x: x[0, 1], state.params))
     np.testing.assert_array_equal(both[1], [int(trainer.act(policy, o, None)) for o in obs])
     with pytest.raises(cli.ConfigError, match="the run has 2 seed"):
@@ -175,7 +216,9 @@ def test_load_agent_acts_as_the_saved_policy(tmp_path, monkeypatch):
         checkpoints.load_agent(tmp_path / "empty", ppo_joint.Config, ppo_joint.make_trainer)
 
 
-@pytest.mark.parametrize("error", [ValueError("a bug"), OSError(5, "Input/output error"), KeyError("a bug")])
+@pytest.mark.parametrize(
+    "error", [ValueError("a bug"), OSError(5, "Input/output error"), KeyError("a bug")]
+)
 def test_main_turns_only_a_config_error_into_one_line(tmp_path, error):
     def mistake(config):
         raise cli.ConfigError("--lr 5.0: use less")
@@ -198,21 +241,42 @@ def test_a_failed_write_of_config_json_is_one_line(tmp_path, monkeypatch):
     def full_disk(path, text):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(outputs, "write_atomic", full_disk)  # config.json: after the compile, before any epoch
-    config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=128, n_devices=1, no_compile_cache=True,
-                              out_dir=str(tmp_path / "run"))
+    # config.json: after the compile, before any epoch
+    monkeypatch.setattr(outputs, "write_atomic", full_disk)
+    config = ppo_joint.Config(
+        num_envs=4,
+        num_steps=16,
+        total_steps=128,
+        n_devices=1,
+        no_compile_cache=True,
+        out_dir=str(tmp_path / "run"),
+    )
     with pytest.raises(SystemExit) as info:
         run.launch(config, ppo_joint.make_trainer, "ppo_joint")
-    assert str(info.value.code) == (f"error: cannot write {tmp_path / 'run' / 'config.json'} (No space left on "
-                                    f"device); no checkpoint was written yet: make room and start again")
+    assert str(info.value.code) == (
+        f"error: cannot write {tmp_path / 'run' / 'config.json'} (No space left on "
+        f"device); no checkpoint was written yet: make room and start again"
+    )
 
 
 def test_target_return_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
-    """Every seed at or above --target-return ends the run there, with a checkpoint; else it trains on."""
+    """Every seed at or above --target-return ends the run there, with a checkpoint; else it trains
+    on."""
     from algos import ppo_joint
-    config = ppo_joint.Config(num_envs=4, num_steps=16, total_steps=256, num_seeds=2, n_devices=1, eval_every=2,
-                              eval_episodes=2, out_dir=str(tmp_path / "low"), target_return=1.0)
-    summary = run.train(config, ppo_joint.make_trainer, "ppo_joint").summary  # CartPole's return is >= 1
+
+    config = ppo_joint.Config(
+        num_envs=4,
+        num_steps=16,
+        total_steps=256,
+        num_seeds=2,
+        n_devices=1,
+        eval_every=2,
+        eval_episodes=2,
+        out_dir=str(tmp_path / "low"),
+        target_return=1.0,
+    )
+    # CartPole's return is >= 1
+    summary = run.train(config, ppo_joint.make_trainer, "ppo_joint").summary
     assert summary["epoch"] == 2 and summary["env_steps"] == 128, summary
     assert summary["target_return"]["reached"] and summary["target_return"]["epoch"] == 2
     assert 0 < summary["target_return"]["seconds"] <= summary["wall_time_s"]
@@ -229,8 +293,19 @@ def test_target_return_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_
 # ----------------------------------------------------------------------------
 # train() on the tiny ppo_joint run: resume, divergence, bad input
 # ----------------------------------------------------------------------------
-RUN = dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, total_steps=4 * 16 * 6, num_seeds=2,
-           eval_every=3, eval_episodes=2, checkpoint_every=50, no_compile_cache=True, seed=3)
+RUN = dict(
+    num_envs=4,
+    num_steps=16,
+    num_minibatches=2,
+    update_epochs=2,
+    total_steps=4 * 16 * 6,
+    num_seeds=2,
+    eval_every=3,
+    eval_episodes=2,
+    checkpoint_every=50,
+    no_compile_cache=True,
+    seed=3,
+)
 
 
 def run_config(out_dir, **overrides) -> Config:
@@ -252,11 +327,15 @@ def test_resume_gives_the_uninterrupted_run(tmp_path, n_devices, capsys):
     """n_devices 0 means every local device: two here."""
     whole = run.train(run_config(tmp_path / "whole", n_devices=n_devices), make_trainer).summary
     assert whole["epoch"] == 6
-    part = run.train(run_config(tmp_path / "part", n_devices=n_devices), make_trainer, max_epochs=2).summary
+    part = run.train(
+        run_config(tmp_path / "part", n_devices=n_devices), make_trainer, max_epochs=2
+    ).summary
     assert part["epoch"] == 2
     assert checkpoints.latest(tmp_path / "part" / "checkpoints").name == "epoch_000002.npz"
-    resumed = run.train(run_config(tmp_path / "part", n_devices=n_devices, resume=str(tmp_path / "part")),
-                        make_trainer).summary
+    resumed = run.train(
+        run_config(tmp_path / "part", n_devices=n_devices, resume=str(tmp_path / "part")),
+        make_trainer,
+    ).summary
     assert "resumed" in capsys.readouterr().out
     assert resumed["epoch"] == 6
     name_whole, arrays_whole = final_arrays(tmp_path / "whole")
@@ -267,9 +346,13 @@ def test_resume_gives_the_uninterrupted_run(tmp_path, n_devices, capsys):
         np.testing.assert_array_equal(arrays_whole[key], arrays_part[key], err_msg=key)
     # the metrics file holds each epoch once, with the same numbers as the uninterrupted run
     lines_whole, lines_part = metric_lines(tmp_path / "whole"), metric_lines(tmp_path / "part")
-    assert [r["epoch"] for r in lines_part] == [r["epoch"] for r in lines_whole] == [1, 2, 3, 4, 5, 6]
+    assert (
+        [r["epoch"] for r in lines_part] == [r["epoch"] for r in lines_whole] == [1, 2, 3, 4, 5, 6]
+    )
     for a, b in zip(lines_whole, lines_part):
-        assert {k: v for k, v in a.items() if k != "sps"} == {k: v for k, v in b.items() if k != "sps"}
+        assert {k: v for k, v in a.items() if k != "sps"} == {
+            k: v for k, v in b.items() if k != "sps"
+        }
     assert resumed["eval_return"] == whole["eval_return"]
 
 
@@ -286,18 +369,20 @@ def test_divergence_stops_with_last_good_checkpoint(tmp_path):
     assert "loss/joint" in message and "epoch 3" in message and "diverged" in message
     assert f"Last good checkpoint: {good}" in message
     assert checkpoints.latest(run_dir / "checkpoints") == good  # the diverged state was not saved
-    template = jax.eval_shape(devices.map_init(make_trainer(absurd).init),
-                              run_keys(3))
+    template = jax.eval_shape(devices.map_init(make_trainer(absurd).init), run_keys(3))
     state, epoch = checkpoints.load(good, template)
     assert epoch == 2
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state.params))
     # from scratch, divergence in the first epoch: there is no checkpoint to point to
-    with pytest.raises(SystemExit, match="No checkpoint was saved: start a new run with a lower learning rate"):
+    with pytest.raises(
+        SystemExit, match="No checkpoint was saved: start a new run with a lower learning rate"
+    ):
         run.train(run_config(tmp_path / "fresh", n_devices=1, lr=1e30), make_trainer)
 
 
 def test_a_finite_checkpoint_of_a_diverged_policy_is_not_offered_for_resume(tmp_path):
-    """Parameters that grow by 1e20 an epoch: epoch 1 saves a finite but absurd state, epoch 2's loss overflows."""
+    """Parameters that grow by 1e20 an epoch: epoch 1 saves a finite but absurd state, epoch 2's
+    loss overflows."""
 
     def make_exploding_trainer(config):
         trainer = make_trainer(config)
@@ -314,7 +399,9 @@ def test_a_finite_checkpoint_of_a_diverged_policy_is_not_offered_for_resume(tmp_
     message = str(info.value.code)
     saved = run_dir / "checkpoints" / "epoch_000001.npz"
     assert checkpoints.latest(run_dir / "checkpoints") == saved
-    assert "diverged" in message and f"The newest checkpoint, {saved}, is finite" in message, message
+    assert "diverged" in message and f"The newest checkpoint, {saved}, is finite" in message, (
+        message
+    )
     assert "--resume" not in message and f"--out-dir {run_dir} --overwrite" in message, message
 
 
@@ -334,7 +421,8 @@ def test_divergence_of_one_seed_stops_the_run(tmp_path):
 
     state = devices.map_init(make_poisoned_trainer(config).init)(run_keys(config.seed, 2))
     w = np.asarray(state.params["torso"][0]["w"])
-    assert np.isnan(w[0, 0]).all() and np.isfinite(w[0, 1]).all()  # the poison hits exactly one seed
+    # the poison hits exactly one seed
+    assert np.isnan(w[0, 0]).all() and np.isfinite(w[0, 1]).all()
     with pytest.raises(SystemExit, match="diverged"):
         run.train(config, make_poisoned_trainer)
 
@@ -358,8 +446,12 @@ def test_two_devices_two_seeds(tmp_path):
     hang: jaxlib 0.10's batched QR (of `jax.nn.initializers.orthogonal` over several
     seeds) deadlocks XLA's 2-thread pool on a 2-core host; `nets.orthogonal` avoids it.
     """
-    code = TWO_BY_TWO.format(root=str(Path(__file__).resolve().parents[1]), out=str(tmp_path / "run"))
-    out = subprocess.run([sys.executable, "-c", code], env=script_env(2), capture_output=True, text=True, timeout=90)
+    code = TWO_BY_TWO.format(
+        root=str(Path(__file__).resolve().parents[1]), out=str(tmp_path / "run")
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=script_env(2), capture_output=True, text=True, timeout=90
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "epochs 2" in out.stdout
 
@@ -374,9 +466,14 @@ def test_bad_input_fails_before_anything_is_written(tmp_path):
 
 def test_resume_without_checkpoint_exits(tmp_path):
     (tmp_path / "run").mkdir()
-    with pytest.raises(cli.ConfigError, match="no checkpoint in .*, the run stopped before its first; start it again "
-                                              "with its flags and --out-dir .* --overwrite"):
-        run.train(run_config(tmp_path / "run", n_devices=1, resume=str(tmp_path / "run")), make_trainer)
+    with pytest.raises(
+        cli.ConfigError,
+        match="no checkpoint in .*, the run stopped before its first; start it again "
+        "with its flags and --out-dir .* --overwrite",
+    ):
+        run.train(
+            run_config(tmp_path / "run", n_devices=1, resume=str(tmp_path / "run")), make_trainer
+        )
 
 
 def test_resume_with_other_flags_exits_with_the_fix(tmp_path):
@@ -388,7 +485,9 @@ def test_resume_with_other_flags_exits_with_the_fix(tmp_path):
 
 
 def strict_json(text: str):
-    """json.loads that refuses NaN and Infinity, as a strict parser (JavaScript's JSON.parse) does."""
+    """json.loads that refuses NaN and Infinity, as a strict parser (JavaScript's JSON.parse)
+    does."""
+
     def refuse(constant):
         raise ValueError(f"{constant} is not JSON")
 
@@ -396,35 +495,72 @@ def strict_json(text: str):
 
 
 def test_every_file_a_run_writes_is_strict_json(tmp_path):
-    """A NaN (no episode ended in the last epoch) or an infinity is written as null, in summary.json as in
-    metrics.jsonl."""
+    """A NaN (no episode ended in the last epoch) or an infinity is written as null, in summary.json
+    as in metrics.jsonl."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    outputs.write_json(run_dir / "summary.json", {"episode_return": math.nan, "per_seed": [1.0, -math.inf],
-                                                  "nested": {"x": math.inf}}, run_dir)
+    outputs.write_json(
+        run_dir / "summary.json",
+        {"episode_return": math.nan, "per_seed": [1.0, -math.inf], "nested": {"x": math.inf}},
+        run_dir,
+    )
     assert strict_json((run_dir / "summary.json").read_text()) == {
-        "episode_return": None, "per_seed": [1.0, None], "nested": {"x": None}}
+        "episode_return": None,
+        "per_seed": [1.0, None],
+        "nested": {"x": None},
+    }
     logger = outputs.Logger(cli.RunConfig(out_dir=str(run_dir)), run_dir, is_chief=True)
-    logger.log({"epoch": 1, "env_steps": 8, "sps": 1.0, "episode/return": math.nan, "loss/x": [math.inf, 2.0]})
+    logger.log(
+        {
+            "epoch": 1,
+            "env_steps": 8,
+            "sps": 1.0,
+            "episode/return": math.nan,
+            "loss/x": [math.inf, 2.0],
+        }
+    )
     assert strict_json((run_dir / "metrics.jsonl").read_text()) == {
-        "epoch": 1, "env_steps": 8, "sps": 1.0, "episode/return": None, "loss/x": [None, 2.0]}
+        "epoch": 1,
+        "env_steps": 8,
+        "sps": 1.0,
+        "episode/return": None,
+        "loss/x": [None, 2.0],
+    }
 
 
-@pytest.mark.parametrize("seconds, text", [(0, "0s"), (42.4, "42s"), (312, "5m12s"), (7380, "2h03m")])
+@pytest.mark.parametrize(
+    "seconds, text", [(0, "0s"), (42.4, "42s"), (312, "5m12s"), (7380, "2h03m")]
+)
 def test_durations_read_as_a_person_writes_them(seconds, text):
     assert outputs.clock(seconds) == text
 
 
 def test_summary_episode_return_is_from_the_newest_epoch_in_which_episodes_ended(tmp_path):
-    """Pendulum's episodes last 200 steps: one environment of 32 steps an epoch ends its first in epoch 7."""
-    long_episodes = dict(env="Pendulum-v1", num_envs=1, num_steps=32, total_steps=32 * 8, n_devices=1,
-                         num_seeds=1, eval_every=0)
+    """Pendulum's episodes last 200 steps: one environment of 32 steps an epoch ends its first in
+    epoch 7."""
+    long_episodes = dict(
+        env="Pendulum-v1",
+        num_envs=1,
+        num_steps=32,
+        total_steps=32 * 8,
+        n_devices=1,
+        num_seeds=1,
+        eval_every=0,
+    )
     run_dir = tmp_path / "run"
     first = run.train(run_config(run_dir, **long_episodes), make_trainer, max_epochs=6).summary
     assert first["episode_return"] is None and first["episode_return_epoch"] is None
     assert first["episode_return_note"] == "no training episode ended in epochs 1 to 6"
-    resumed = run.train(run_config(run_dir, **long_episodes, resume=str(run_dir)), make_trainer).summary
-    assert resumed["epoch"] == 8 and resumed["episode_return_epoch"] == 7 and "episode_return_note" not in resumed
+    resumed = run.train(
+        run_config(run_dir, **long_episodes, resume=str(run_dir)), make_trainer
+    ).summary
+    assert (
+        resumed["epoch"] == 8
+        and resumed["episode_return_epoch"] == 7
+        and "episode_return_note" not in resumed
+    )
     [seventh] = [r for r in metric_lines(run_dir) if r["epoch"] == 7]
-    assert seventh["episode/count"] > 0 and resumed["episode_return"] == seventh["episode/return"] < 0
+    assert (
+        seventh["episode/count"] > 0 and resumed["episode_return"] == seventh["episode/return"] < 0
+    )
     assert strict_json((run_dir / "summary.json").read_text())["episode_return_epoch"] == 7

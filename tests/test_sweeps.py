@@ -1,4 +1,5 @@
-"""sweeps/*.yaml: every wandb sweep starts only runs the script accepts, with the values it was given.
+"""sweeps/*.yaml: every wandb sweep starts only runs the script accepts, with the values it was
+given.
 
 Each sweep's parameters are sampled (every grid point; for random and bayes
 sweeps the ends of each range and random draws), turned into the command line
@@ -6,6 +7,7 @@ by wandb's own agent code (`--key=value`, values as `str()` renders them:
 `True`, `1e-05`, `[64, 64]`), parsed by the script's parser, and the config
 must hold exactly the sampled values.
 """
+
 import dataclasses
 import importlib
 import itertools
@@ -45,7 +47,9 @@ def samples(spec: dict, rng) -> list[dict]:
     values = {name: candidates(block, rng) for name, block in spec["parameters"].items()}
     if spec["method"] == "grid":
         return [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
-    draws = [{name: vals[rng.integers(len(vals))] for name, vals in values.items()} for _ in range(20)]
+    draws = [
+        {name: vals[rng.integers(len(vals))] for name, vals in values.items()} for _ in range(20)
+    ]
     ends = [{name: vals[i % len(vals)] for name, vals in values.items()} for i in range(2)]
     return ends + draws
 
@@ -67,7 +71,9 @@ def test_sweep_runs_start_with_the_sampled_values(path):
             assert block["distribution"] in ("uniform", "log_uniform_values", "int_uniform")
     rng = np.random.default_rng(0)
     for sample in samples(spec, rng):
-        argv = create_sweep_command_args({"args": {k: {"value": v} for k, v in sample.items()}})["args"]
+        argv = create_sweep_command_args({"args": {k: {"value": v} for k, v in sample.items()}})[
+            "args"
+        ]
         config = cli.parse_config(Config, argv)
         for name, value in sample.items():
             got = getattr(config, name)
@@ -75,16 +81,42 @@ def test_sweep_runs_start_with_the_sampled_values(path):
 
 
 def test_the_agent_renders_values_as_the_parser_expects():
-    """The renderings the agent produces, one by one (not only those the YAML files happen to use)."""
+    """The renderings the agent produces, one by one (not only those the YAML files happen to
+    use)."""
     Config = importlib.import_module("algos.awr").Config
-    argv = create_sweep_command_args({"args": {
-        "q_value": {"value": True}, "reweight": {"value": False}, "n_samples": {"value": 4},
-        "policy_lr": {"value": 1e-05}, "hidden": {"value": [32, 16, 8]}, "q_aggregate": {"value": "max"}}})["args"]
-    assert argv == ["--q_value=True", "--reweight=False", "--n_samples=4", "--policy_lr=1e-05",
-                    "--hidden=[32, 16, 8]", "--q_aggregate=max"]
+    argv = create_sweep_command_args(
+        {
+            "args": {
+                "q_value": {"value": True},
+                "reweight": {"value": False},
+                "n_samples": {"value": 4},
+                "policy_lr": {"value": 1e-05},
+                "hidden": {"value": [32, 16, 8]},
+                "q_aggregate": {"value": "max"},
+            }
+        }
+    )["args"]
+    assert argv == [
+        "--q_value=True",
+        "--reweight=False",
+        "--n_samples=4",
+        "--policy_lr=1e-05",
+        "--hidden=[32, 16, 8]",
+        "--q_aggregate=max",
+    ]
     config = cli.parse_config(Config, argv)
-    assert (config.q_value, config.reweight, config.n_samples, config.policy_lr, config.hidden,
-            config.q_aggregate) == (True, False, 4, 1e-05, (32, 16, 8), "max")
-    assert cli.parse_config(Config, ["--hidden", "32", "16"]).hidden == (32, 16)  # the plain form still works
+    assert (
+        config.q_value,
+        config.reweight,
+        config.n_samples,
+        config.policy_lr,
+        config.hidden,
+        config.q_aggregate,
+    ) == (True, False, 4, 1e-05, (32, 16, 8), "max")
+    # the plain form still works
+    assert cli.parse_config(Config, ["--hidden", "32", "16"]).hidden == (
+        32,
+        16,
+    )
     with pytest.raises(SystemExit):
         cli.parse_config(Config, ["--hidden=[32, x]"])
