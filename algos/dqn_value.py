@@ -40,7 +40,11 @@ from common import cli, devices, envs, nets, run
 
 @dataclasses.dataclass(frozen=True)
 class Config(cli.RunConfig):
+    # Float flags are inputs of the compiled programs: traced numbers, so runs that differ only in
+    # them share their programs. Compute with them (jnp.where); a Python `if` on one is refused.
+    # Constants instead: a SWITCHES flag at 0 (its term left out) and the STATIC_FLOATS.
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
+    STATIC_FLOATS = ()
     total_steps: int = 150_000
     """environment steps to train for (per seed)"""
     eval_every: int = 250

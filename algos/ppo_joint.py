@@ -30,7 +30,11 @@ from common.metrics import residual_metrics
 
 @dataclasses.dataclass(frozen=True)
 class Config(cli.RunConfig):
+    # Float flags are inputs of the compiled programs: traced numbers, so runs that differ only in
+    # them share their programs. Compute with them (jnp.where); a Python `if` on one is refused.
+    # Constants instead: a SWITCHES flag at 0 (its term left out) and the STATIC_FLOATS.
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
+    STATIC_FLOATS = ()
     num_envs: int = 8
     """parallel environments (split over devices)"""
     num_steps: int = 128

@@ -190,7 +190,7 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
         init_key,
     )
     # traced once: its output shapes
-    init = sweep.lower_init(trainer, keys, values, config, script, host.n_devices)
+    init = sweep.lower_init(trainer, keys, values, config, host.n_devices)
     check_memory(init.out_info, config, host.n_devices, trainer, hosts)
     return Setup(
         config=config,
@@ -344,9 +344,8 @@ def compile_programs(setup: Setup) -> Programs:
     def compile_init_and_eval():
         params = jax.eval_shape(lambda state: first_device(trainer, state), setup.template)
         evaluation = evaluate_seeds.lower(params, setup.eval_key)
-        return setup.init.compile(
-            FAST_COMPILE
-        ), evaluation.compile() if images else evaluation.compile(FAST_COMPILE)
+        init = setup.init.compile(FAST_COMPILE)
+        return init, evaluation.compile() if images else evaluation.compile(FAST_COMPILE)
 
     with ThreadPoolExecutor(1) as pool:
         side = pool.submit(compile_init_and_eval)
@@ -358,11 +357,11 @@ def compile_programs(setup: Setup) -> Programs:
                 loop.chunk_epochs(trainer.epoch, k), n_devices, n_shared=1, n_mapped=2
             )
         )
-        # jax 0.10 cannot run a pmap over hosts compiled ahead of time: it compiles at its first
-        # call
+        # jax 0.10 cannot run a pmap over hosts compiled ahead of time: it compiles at first call
         if epochs is not None and setup.hosts == 1:
             try:
-                lowered = epochs.lower(setup.template, setup.values, 1)
+                with sweep.inputs_stay_traced(config):
+                    lowered = epochs.lower(setup.template, setup.values, 1)
             # a count past 32 bits, e.g. the learning-rate schedule's gradient steps
             except OverflowError:
                 raise cli.ConfigError(

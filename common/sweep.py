@@ -16,7 +16,12 @@ from the key of seed i of a run without the sweep and is evaluated on its
 episodes (`eval_keys`), so members meet on equal terms.
 """
 
+import contextlib
 import copy
+import re
+import sysconfig
+import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -102,27 +107,55 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any
     return trainer._replace(init=init, rollout=rollout, epoch=epoch), keys, values
 
 
-def lower_init(trainer, keys, values, config, script: str, n_devices: int):
-    """`init` lowered for `keys` and `values` (its output shapes are the state's template); with
-    --sweep, the epoch traced too.
+def lower_init(trainer, keys, values, config, n_devices: int):
+    """`init` lowered for `keys` and `values` (its output shapes are the state's template).
 
-    The values are traced numbers: a script that reads a swept flag outside
-    the compiled math (to choose a branch) cannot sweep it in one program.
+    Several hosts compile the epoch at its first call, so with several hosts its trace is checked
+    here, before anything runs (`inputs_stay_traced`).
     """
     init = devices.map_init(trainer.init)
-    try:
+    with inputs_stay_traced(config):
         lowered = init.lower(keys, values)
-        if config.sweep:
-            jax.eval_shape(
-                devices.map_epoch(trainer.epoch, n_devices, n_mapped=2), lowered.out_info, values
-            )
-    except jax.errors.JAXTypeError as error:
-        if not config.sweep:
-            raise
-        raise cli.ConfigError(
-            f"--sweep {' '.join(config.sweep)}: {script} uses "
-            f"{', '.join(cli.sweep_members(config)[0])} outside the compiled math (e.g. to choose "
-            f"a branch), so it cannot be swept in one program; run one process per value (e.g. a "
-            f"wandb sweep, sweeps/). ({type(error).__name__})"
-        ) from None
+        if jax.process_count() > 1:
+            epoch = devices.map_epoch(trainer.epoch, n_devices, n_mapped=2)
+            jax.eval_shape(epoch, lowered.out_info, values)
     return lowered
+
+
+@contextlib.contextmanager
+def inputs_stay_traced(config):
+    """Turns the error of a script that needs an input float's value in Python (`if config.lr >
+    0.01:`, `int(config.gamma)`) while the programs are traced into one line: the file and line,
+    the flag, and the two fixes."""
+    try:
+        yield
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as error:
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if _user_code(f.filename)]
+        where = frames[-1] if frames else None
+        code = where.line if where else ""
+        names = [n for n in input_names(config) if re.search(rf"\b{n}\b", code)]
+        names = names or re.findall(r"values\['(\w+)'\]", str(error))
+        flags = " and ".join(map(cli.flag_name, dict.fromkeys(names))) or "a float flag"
+        place = f"{_shown(where.filename)}:{where.lineno}: `{code}`" if where else "the script"
+        raise cli.ConfigError(
+            f"{place} needs the value of {flags} in Python (a branch, int() or float()), but float "
+            "flags are inputs of the compiled programs, traced numbers, so that runs that differ "
+            "only in them share their programs: compute with it instead (jnp.where, "
+            "jax.lax.cond), or name it in the Config's STATIC_FLOATS to make it a constant of the "
+            "programs (each value then compiles its own)"
+        ) from None
+
+
+def _user_code(filename: str) -> bool:
+    """Whether a traceback frame is the project's or a user's code, not Python's or a library's."""
+    return not (
+        filename.startswith("<")
+        or "site-packages" in filename
+        or filename.startswith(sysconfig.get_paths()["stdlib"])
+    )
+
+
+def _shown(filename: str) -> str:
+    """`filename` relative to the working directory where it lies below it."""
+    path = Path(filename)
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else filename

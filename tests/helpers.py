@@ -12,6 +12,7 @@ import io
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -56,12 +57,16 @@ def slow_for(names, *slow) -> list:
     return [pytest.param(name, marks=pytest.mark.slow) if name in slow else name for name in names]
 
 
-def command(script: str, *args, cwd) -> subprocess.CompletedProcess:
+def command(script: str | types.ModuleType, *args, cwd) -> subprocess.CompletedProcess:
     """`python algos/SCRIPT.py ARGS` run from `cwd` in this process: its exit status, stdout and
     stderr as `subprocess.run` returns them, without the seconds a new process spends importing JAX.
     For command lines that end before anything compiles (--help, a refused flag); an exception that
-    is not a user's error propagates, as a traceback would print."""
-    module = importlib.import_module(f"algos.{script}")
+    is not a user's error propagates, as a traceback would print. `script` may be a module: a copy
+    of a script, loaded from its file."""
+    if isinstance(script, types.ModuleType):
+        module, script = script, script.__name__
+    else:
+        module = importlib.import_module(f"algos.{script}")
     stdout, stderr, status = io.StringIO(), io.StringIO(), 0
     with (
         contextlib.chdir(cwd),

@@ -2,6 +2,9 @@
 
 import dataclasses
 import importlib
+import importlib.util
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -9,7 +12,9 @@ import pytest
 
 from algos import ppo_joint
 from common import checkpoints, cli, devices, run, sweep
+from helpers import command
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(
     num_envs=4,
     num_steps=16,
@@ -21,6 +26,8 @@ TINY = dict(
     n_devices=1,
     no_compile_cache=True,
 )
+TINY_FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items() if k != "no_compile_cache"]
+TINY_FLAGS.append("--no-compile-cache")
 
 
 def test_members_are_the_grid_in_order():
@@ -173,16 +180,35 @@ def test_a_switch_above_0_is_an_input():
     )
 
 
-def test_a_flag_used_outside_the_compiled_math_is_a_clear_error(tmp_path):
-    """A variant of a script that branches on a float flag in Python cannot sweep it (its values are
-    traced)."""
+BRANCH = "if config.ent_coef > 0:  # a researcher's edit\n"
+PLANTS = {  # where a copy of ppo_joint.py gets the branch: make_trainer's body, or its epoch's
+    "make_trainer": ("    env, env_params = envs.make_env(config.env)\n", "    "),
+    "epoch": ("    def epoch(state: RunnerState):\n", "        "),
+}
 
-    def branching(config):
-        return ppo_joint.make_trainer(config) if config.ent_coef < 1 else None
 
-    config = ppo_joint.Config(**TINY, sweep=("ent_coef=0,0.01",), out_dir=str(tmp_path))
-    with pytest.raises(
-        cli.ConfigError, match="uses ent_coef outside the compiled math .* cannot be swept in one"
-    ):
-        run.train(config, branching, "ppo_joint")
-    assert not tmp_path.joinpath("config.json").exists()
+@pytest.mark.parametrize("where, flags", [("make_trainer", ()), ("epoch", ("--ent-coef", "0.01"))])
+def test_a_python_branch_on_an_input_float_is_refused_in_one_line(tmp_path, where, flags):
+    """Float flags are traced inputs of the programs: `if config.ent_coef > 0:` in a copy of a
+    script ends, before anything is written, in one line that names the file and line, the flag and
+    the fixes (and with --sweep the same)."""
+    source = (ROOT / "algos" / "ppo_joint.py").read_text()
+    anchor, indent = PLANTS[where]
+    assert source.count(anchor) == 1
+    fork = tmp_path / f"ppo_fork_{where}.py"
+    fork.write_text(source.replace(anchor, f"{anchor}{indent}{BRANCH}{indent}    pass\n"))
+    line = fork.read_text().splitlines().index(f"{indent}{BRANCH.strip()}") + 1
+    spec = importlib.util.spec_from_file_location(fork.stem, fork)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[fork.stem] = module  # as `python ppo_fork.py` imports it (dataclasses look it up)
+    spec.loader.exec_module(module)
+    for sweep_flags in ((), ("--sweep", "ent-coef=0.01,0.02")):
+        out_dir = tmp_path / f"run{len(sweep_flags)}"
+        args = (*TINY_FLAGS, *flags, *sweep_flags, "--out-dir", out_dir)
+        out = command(module, *args, cwd=tmp_path)
+        assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+        assert out.stderr.startswith(f"error: {fork.name}:{line}: `{BRANCH.strip()}`"), out.stderr
+        for words in ("--ent-coef", "jnp.where", "jax.lax.cond", "STATIC_FLOATS"):
+            assert words in out.stderr, (words, out.stderr)
+        assert not (out_dir / "config.json").exists()
+    del sys.modules[fork.stem]
