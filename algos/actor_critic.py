@@ -50,8 +50,8 @@ class Config(cli.RunConfig):
     """advantage estimator; the value net regresses on V + A"""
     td_k: int = 8
     """k of --advantage td-k: rewards summed before bootstrapping"""
-    lam: float = 0.95
-    """lambda of --advantage td-lambda and gae"""
+    gae_lambda: float = 0.95
+    """lambda of --advantage td-lambda and gae (the lambda-return's)"""
     gamma: float = 0.99
     """discount"""
     policy_lr: float = 0.0
@@ -59,19 +59,17 @@ class Config(cli.RunConfig):
     ppo)"""
     value_lr: float = 2.5e-3
     """value Adam learning rate"""
-    policy_lr_schedule: Literal["linear", "constant"] = "linear"
-    """policy learning rate: linear (annealed to 0 over the run) or constant"""
-    value_lr_schedule: Literal["linear", "constant"] = "linear"
-    """value learning rate: linear (annealed to 0 over the run) or constant"""
+    anneal_lr: bool = True
+    """anneal both learning rates linearly to 0 over the run (false: keep them constant)"""
     policy_batch_size: int = 0
     """transitions per policy step, all devices (at most num_envs * num_steps; 0: the whole rollout
     for a2c, a quarter of it for ppo)"""
     value_batch_size: int = 256
     """transitions per value step, all devices (at most num_envs * num_steps)"""
-    policy_train_steps: int = 0
+    policy_steps: int = 0
     """policy Adam steps per epoch, in passes over the shuffled rollout (0: 1 for a2c, 16 for ppo:
     PPO needs several, its ratio is 1 at the first)"""
-    value_train_steps: int = 16
+    value_steps: int = 16
     """value Adam steps per epoch (run before the policy's), in passes over the shuffled rollout"""
     max_grad_norm: float = 0.5
     """clip each network's gradients to this global norm (0: no clipping)"""
@@ -86,9 +84,6 @@ class Config(cli.RunConfig):
     the reward normalization: add --no-normalize-reward for Trax's scaling alone)"""
     n_shared_layers: int = 0
     """copy the policy net's first k hidden layers into the value net at each epoch start"""
-    n_replay_epochs: int = 1
-    """epochs of transitions to train on; must be 1, as a2c and ppo learn only from the current
-    policy's data"""
     hidden: tuple[int, ...] = (64, 64)
     """hidden layer widths of each network"""
     activation: nets.Activation = "tanh"
@@ -98,18 +93,15 @@ class Config(cli.RunConfig):
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged
     over devices, per seed, saved in checkpoints), clipped to +-10"""
-    no_normalize_reward: bool = False
-    """use the raw rewards; by default the learner's are divided by a running std of the discounted
-    return where above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward
-    scale"""
+    normalize_reward: bool = True
+    """divide the learner's rewards by a running std of the discounted return where above 1 (kept
+    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw rewards)"""
 
     def __post_init__(self):
         super().__post_init__()
         for name in (
             "loss",
             "advantage",
-            "policy_lr_schedule",
-            "value_lr_schedule",
             "activation",
             "std",
         ):
@@ -121,16 +113,16 @@ class Config(cli.RunConfig):
                 value in choices,
                 f"{cli.flag_name(name)} {value!r}: use one of {', '.join(choices)}",
             )
-        for name in ("num_envs", "num_steps", "td_k", "value_batch_size", "value_train_steps"):
+        for name in ("num_envs", "num_steps", "td_k", "value_batch_size", "value_steps"):
             cli.require(getattr(self, name) >= 1, f"{cli.flag_name(name)} must be at least 1")
-        for name in ("policy_batch_size", "policy_train_steps"):
+        for name in ("policy_batch_size", "policy_steps"):
             cli.require(
                 getattr(self, name) >= 0,
                 f"{cli.flag_name(name)} must be 0 (the --loss default) or more",
             )
         cli.require(
-            self.loss == "a2c" or self.policy_steps > 1,
-            "--loss ppo --policy-train-steps 1 is A2C (the ratio pi / pi_old is 1 at the only "
+            self.loss == "a2c" or self.n_policy_steps > 1,
+            "--loss ppo --policy-steps 1 is A2C (the ratio pi / pi_old is 1 at the only "
             "step): use 2 or more, or 0 for the default 16",
         )
         cli.require(
@@ -139,7 +131,9 @@ class Config(cli.RunConfig):
             f"{self.value_lr}: use positive learning rates (--policy-lr 0: the --loss default)",
         )
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
-        cli.require(0 <= self.lam <= 1, f"--lam {self.lam}: use a value in [0, 1]")
+        cli.require(
+            0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]"
+        )
         cli.require(
             self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
         )
@@ -165,16 +159,11 @@ class Config(cli.RunConfig):
             not self.scale_value_targets or self.gamma < 1,
             "--scale-value-targets divides by 1 - gamma: use --gamma below 1",
         )
-        cli.require(
-            self.n_replay_epochs == 1,
-            f"--n-replay-epochs {self.n_replay_epochs}: --loss {self.loss} is "
-            f"on-policy and trains only on the current epoch's transitions; use 1",
-        )
 
     @property
-    def policy_steps(self) -> int:
-        """--policy-train-steps, or the --loss default."""
-        return self.policy_train_steps or {"a2c": 1, "ppo": 16}[self.loss]
+    def n_policy_steps(self) -> int:
+        """--policy-steps, or the --loss default."""
+        return self.policy_steps or {"a2c": 1, "ppo": 16}[self.loss]
 
     @property
     def policy_batch(self) -> int:
@@ -331,8 +320,8 @@ def estimator(config: Config):
     return {
         "monte-carlo": functools.partial(monte_carlo, gamma=config.gamma),
         "td-k": functools.partial(td_k, gamma=config.gamma, k=config.td_k),
-        "td-lambda": functools.partial(td_lambda, gamma=config.gamma, lam=config.lam),
-        "gae": functools.partial(gae, gamma=config.gamma, lam=config.lam),
+        "td-lambda": functools.partial(td_lambda, gamma=config.gamma, lam=config.gae_lambda),
+        "gae": functools.partial(gae, gamma=config.gamma, lam=config.gae_lambda),
     }[config.advantage]
 
 
@@ -415,12 +404,9 @@ def make_trainer(config: Config) -> run.Trainer:
     conv = nets.uses_conv(config.torso, obs_shape)
     value_scale = 1.0 / (1.0 - config.gamma) if config.scale_value_targets else 1.0
 
-    def optimizer(lr: float, schedule: str, n_steps: int):
-        lr = (
-            optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps)
-            if schedule == "linear"
-            else lr
-        )
+    def optimizer(lr: float, n_steps: int):
+        if config.anneal_lr:
+            lr = optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps)
         clip = (
             optax.identity()
             if cli.off(config.max_grad_norm)
@@ -431,8 +417,8 @@ def make_trainer(config: Config) -> run.Trainer:
     policy_lr = jnp.where(
         config.policy_lr > 0, config.policy_lr, {"a2c": 7e-3, "ppo": 2.5e-3}[config.loss]
     )
-    policy_tx = optimizer(policy_lr, config.policy_lr_schedule, config.policy_steps)
-    value_tx = optimizer(config.value_lr, config.value_lr_schedule, config.value_train_steps)
+    policy_tx = optimizer(policy_lr, config.n_policy_steps)
+    value_tx = optimizer(config.value_lr, config.value_steps)
     estimate = estimator(config)
     # [T, B, ...] -> [T, B]
     values_of = jax.vmap(jax.vmap(value_network, (None, 0, None)), (None, 0, None))
@@ -469,9 +455,7 @@ def make_trainer(config: Config) -> run.Trainer:
             episode_stats=envs.init_episode_stats(layout.envs_per_device),
             obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
             key=run_key,
-            reward_stats=None
-            if config.no_normalize_reward
-            else envs.init_reward_stats(obs.shape[0]),
+            reward_stats=envs.init_reward_stats(obs.shape[0]) if config.normalize_reward else None,
         )
 
     def env_step(state: RunnerState, _):
@@ -597,7 +581,7 @@ def make_trainer(config: Config) -> run.Trainer:
             state.value_opt_state,
             batch,
             value_key,
-            config.value_train_steps,
+            config.value_steps,
             config.value_batch_size // layout.n_devices,
             "value",
         )
@@ -608,7 +592,7 @@ def make_trainer(config: Config) -> run.Trainer:
             state.policy_opt_state,
             batch,
             policy_key,
-            config.policy_steps,
+            config.n_policy_steps,
             config.policy_batch // layout.n_devices,
             "policy",
         )

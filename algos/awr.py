@@ -48,16 +48,14 @@ class Config(cli.RunConfig):
     """epochs of transitions kept in the replay buffer (1: only the newest epoch)"""
     policy_lr: float = 1e-3
     """policy Adam learning rate"""
-    policy_lr_schedule: Literal["linear", "constant"] = "linear"
-    """policy learning rate: linear (annealed to 0 over the run) or constant"""
     policy_batch_size: int = 256
     """states per policy minibatch (per device), drawn uniformly from the replay"""
     policy_steps: int = 32
     """policy Adam steps per epoch"""
     value_lr: float = 1e-3
     """critic Adam learning rate"""
-    value_lr_schedule: Literal["linear", "constant"] = "linear"
-    """critic learning rate: linear (annealed to 0 over the run) or constant"""
+    anneal_lr: bool = True
+    """anneal both learning rates linearly to 0 over the run (false: keep them constant)"""
     value_batch_size: int = 256
     """transitions per critic minibatch (per device), drawn uniformly from the replay"""
     value_steps: int = 0
@@ -67,16 +65,16 @@ class Config(cli.RunConfig):
     """clip each network's gradients to this global norm (0: no clipping)"""
     gamma: float = 0.99
     """discount"""
-    td_lambda: float = 0.95
-    """lambda of the TD(lambda) return"""
+    gae_lambda: float = 0.95
+    """lambda of the TD(lambda) return (GAE's lambda: the same lambda-return)"""
     beta: float = (
         2.0  # 1.0: CartPole --q-value, 1 of 32 seeds fell to 145 late; 2.0: 0 of 32, and quicker
     )
     """temperature of the weights exp(A / beta)"""
     w_max: float = 20.0
     """upper clip of the weights"""
-    no_normalize_advantages: bool = False
-    """use raw advantages instead of standardizing them over the replay"""
+    normalize_advantages: bool = True
+    """standardize the advantages over the replay (false: raw advantages)"""
     ent_coef: float = 0.0
     """entropy bonus coefficient"""
     q_value: bool = False
@@ -101,10 +99,9 @@ class Config(cli.RunConfig):
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (per seed, merged over devices,
     checkpointed)"""
-    no_normalize_reward: bool = False
-    """use the raw rewards; by default the learner's are divided by a running std of the discounted
-    return where above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward
-    scale"""
+    normalize_reward: bool = True
+    """divide the learner's rewards by a running std of the discounted return where above 1 (kept
+    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw rewards)"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -145,7 +142,8 @@ class Config(cli.RunConfig):
             "--beta, --w-max, --policy-lr and --value-lr must be positive",
         )
         cli.require(
-            0 <= self.gamma <= 1 and 0 <= self.td_lambda <= 1, "--gamma and --td-lambda: use [0, 1]"
+            0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1,
+            "--gamma and --gae-lambda: use [0, 1]",
         )
         cli.require_non_negative(self, "max_grad_norm", "ent_coef")
         cli.require(
@@ -394,12 +392,9 @@ def make_trainer(config: Config) -> run.Trainer:
     enumerate_all = config.q_value and dist.discrete and K >= dist.n
     K = dist.n if enumerate_all else K
 
-    def optimizer(lr: float, schedule: str, n_steps: int):
-        lr = (
-            optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps)
-            if schedule == "linear"
-            else lr
-        )
+    def optimizer(lr: float, n_steps: int):
+        if config.anneal_lr:
+            lr = optax.linear_schedule(lr, 0.0, layout.num_epochs * n_steps)
         clip = (
             optax.identity()
             if cli.off(config.max_grad_norm)
@@ -407,9 +402,9 @@ def make_trainer(config: Config) -> run.Trainer:
         )
         return optax.chain(clip, optax.adam(lr))
 
-    policy_tx = optimizer(config.policy_lr, config.policy_lr_schedule, config.policy_steps)
+    policy_tx = optimizer(config.policy_lr, config.policy_steps)
     value_steps = config.value_steps or (128 if config.q_value else 32)
-    critic_tx = optimizer(config.value_lr, config.value_lr_schedule, value_steps)
+    critic_tx = optimizer(config.value_lr, value_steps)
 
     def pi(params, obs):
         return jax.vmap(policy_net, (None, 0, None, None))(params, obs, dist, config.activation)
@@ -486,7 +481,7 @@ def make_trainer(config: Config) -> run.Trainer:
             episode_stats=envs.init_episode_stats(B),
             key=run_key,
             obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
-            reward_stats=envs.init_reward_stats(B) if not config.no_normalize_reward else None,
+            reward_stats=envs.init_reward_stats(B) if config.normalize_reward else None,
         )
         step = jax.eval_shape(env_step, state, None)[1]  # the Transition one step records: [B, ...]
         slots = jax.tree.map(lambda x: jnp.zeros((capacity, T) + x.shape, x.dtype), step)
@@ -533,12 +528,12 @@ def make_trainer(config: Config) -> run.Trainer:
                 for x in (rows.reward, next_values, rows.terminated, rows.done)
             ),
             config.gamma,
-            config.td_lambda,
+            config.gae_lambda,
         ).reshape(-1)
         advantages = q - values[:, None] if config.q_value else (returns - values)[:, None]
         mean = jax.lax.pmean(masked_mean(advantages, valid), devices.DEVICE_AXIS)
         var = jax.lax.pmean(masked_mean((advantages - mean) ** 2, valid), devices.DEVICE_AXIS)
-        if not config.no_normalize_advantages:
+        if config.normalize_advantages:
             advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
         weights = awr_weights(advantages, config.beta, config.w_max)
         metrics = {

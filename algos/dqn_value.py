@@ -63,8 +63,8 @@ class Config(cli.RunConfig):
     """replay buffer: the transitions of the last this many epochs (a ring buffer)"""
     lr: float = 3e-4
     """Adam learning rate"""
-    no_anneal_lr: bool = False
-    """keep the learning rate constant instead of annealing it linearly to 0"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run (false: keep it constant)"""
     max_grad_norm: float = 1.0
     """clip gradients to this global norm (0: no clipping)"""
     gamma: float = 0.99
@@ -431,7 +431,7 @@ def make_trainer(config: Config) -> run.Trainer:
     # truncations the ring can hold (Replay)
     n_final = config.capacity // int(env_params.max_steps_in_episode) + 1
     n_updates = layout.num_epochs * config.update_steps
-    lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
+    lr = optax.linear_schedule(config.lr, 0.0, n_updates) if config.anneal_lr else config.lr
     clip = (
         optax.identity()
         if cli.off(config.max_grad_norm)

@@ -45,8 +45,8 @@ class Config(cli.RunConfig):
     """minibatches per pass (must divide the per-device batch num_envs / n_devices * num_steps)"""
     lr: float = 2.5e-3
     """Adam learning rate"""
-    no_anneal_lr: bool = False
-    """keep the learning rate constant instead of annealing it linearly to 0"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run (false: keep it constant)"""
     max_grad_norm: float = 0.5
     """clip gradients to this global norm (0: no clipping)"""
     gamma: float = 0.99
@@ -72,10 +72,9 @@ class Config(cli.RunConfig):
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged
     over devices, per seed, saved in checkpoints), clipped to +-10"""
-    no_normalize_reward: bool = False
-    """use the raw rewards; by default the learner's are divided by a running std of the discounted
-    return where above 1 (kept like --normalize-obs): value targets of order 1 whatever the reward
-    scale"""
+    normalize_reward: bool = True
+    """divide the learner's rewards by a running std of the discounted return where above 1 (kept
+    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw rewards)"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -248,7 +247,7 @@ def make_trainer(config: Config) -> run.Trainer:
     obs_shape = tuple(env.observation_space(env_params).shape)
     conv = nets.uses_conv(config.torso, obs_shape)
     n_updates = layout.num_epochs * config.update_epochs * config.num_minibatches
-    lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
+    lr = optax.linear_schedule(config.lr, 0.0, n_updates) if config.anneal_lr else config.lr
     clip = (
         optax.identity()
         if cli.off(config.max_grad_norm)
@@ -271,9 +270,7 @@ def make_trainer(config: Config) -> run.Trainer:
             episode_stats=envs.init_episode_stats(layout.envs_per_device),
             obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
             reward_stats=(
-                envs.init_reward_stats(layout.envs_per_device)
-                if not config.no_normalize_reward
-                else None
+                envs.init_reward_stats(layout.envs_per_device) if config.normalize_reward else None
             ),
             key=run_key,
         )

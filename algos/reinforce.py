@@ -42,12 +42,12 @@ class Config(cli.RunConfig):
     """steps per environment per epoch (rollout length T); returns stop at its end"""
     batch_size: int = 4096
     """transitions per Adam step, all devices (at most num_envs * num_steps)"""
-    train_steps: int = 1
+    update_steps: int = 1
     """Adam steps per epoch, each on a fresh random batch of this epoch's rollout"""
     lr: float = 3e-3
     """Adam learning rate"""
-    no_anneal_lr: bool = False
-    """keep the learning rate constant instead of annealing it linearly to 0"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run (false: keep it constant)"""
     max_grad_norm: float = 0.5
     """clip gradients to this global norm (0: no clipping)"""
     gamma: float = 0.99
@@ -71,7 +71,7 @@ class Config(cli.RunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("num_envs", "num_steps", "batch_size", "train_steps"):
+        for name in ("num_envs", "num_steps", "batch_size", "update_steps"):
             cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
@@ -207,8 +207,8 @@ def make_trainer(config: Config) -> run.Trainer:
     dist = make_distribution(env.action_space(env_params), config.std)
     obs_shape = tuple(env.observation_space(env_params).shape)
     conv = nets.uses_conv(config.torso, obs_shape)
-    n_updates = layout.num_epochs * config.train_steps
-    lr = config.lr if config.no_anneal_lr else optax.linear_schedule(config.lr, 0.0, n_updates)
+    n_updates = layout.num_epochs * config.update_steps
+    lr = optax.linear_schedule(config.lr, 0.0, n_updates) if config.anneal_lr else config.lr
     clip = (
         optax.identity()
         if cli.off(config.max_grad_norm)
@@ -290,7 +290,7 @@ def make_trainer(config: Config) -> run.Trainer:
         collected = rollout(runner)
         runner, traj = collected.runner, collected.traj
 
-        # UPDATE: train_steps Adam steps on random batches of the rollout; gradients averaged over
+        # UPDATE: update_steps Adam steps on random batches of the rollout; gradients averaged over
         # devices.
         def flat(x):  # [T, B, ...] -> [T*B, ...]
             return x.reshape((layout.rollout_size,) + x.shape[2:])
@@ -320,7 +320,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
         key, step_key = jax.random.split(runner.key)
         runner, losses = jax.lax.scan(
-            train_step, runner, jax.random.split(step_key, config.train_steps)
+            train_step, runner, jax.random.split(step_key, config.update_steps)
         )
 
         # METRICS: scalar means, identical on every device. policy/preferred_move is the mean greedy

@@ -41,7 +41,7 @@ ENTRIES = {
         "algos/actor_critic.py",
         "--loss",
         "ppo",
-        "--policy-train-steps",
+        "--policy-steps",
         "16",
         "--policy-batch-size",
         "256",

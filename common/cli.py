@@ -38,7 +38,7 @@ class RunConfig:
     STATIC_FLOATS = ()
     # flags added after runs were written, with the value such a run had in effect: `load_config`
     # fills them in
-    LEGACY = {"no_normalize_reward": True, "torso": "mlp"}
+    LEGACY = {"normalize_reward": False, "torso": "mlp"}
 
     env: str = "CartPole-v1"
     """gymnax environment id, or package.module:name of your own (a gymnax Environment class, or a
@@ -81,8 +81,9 @@ class RunConfig:
     """log to Weights & Biases (offline when no API key is set)"""
     wandb_project: str = "jtrax"
     """wandb project name"""
-    no_compile_cache: bool = False
-    """do not use JAX's persistent compilation cache"""
+    compile_cache: bool = True
+    """keep compiled programs in JAX's persistent compilation cache (~/.cache/jtrax), so that a run
+    of the same programs starts sooner"""
     coordinator: str = ""
     """multi-host: HOST:PORT of process 0, JAX's coordinator (empty: $JTRAX_COORDINATOR; neither:
     one process)"""
@@ -185,7 +186,7 @@ RUN_CONTROL = (
     "overwrite",
     "eval_only",
     "track",
-    "no_compile_cache",
+    "compile_cache",
     "eval_episodes",
     "keep_checkpoints",
     "target_return",
@@ -195,6 +196,51 @@ RUN_CONTROL = (
     "process_id",
     "coordinator_timeout",
 )
+
+
+# Flags renamed to one vocabulary across the scripts: old name -> new name. A run directory written
+# before keeps resuming (`load_config` maps its config.json); an old flag on the command line is
+# refused with the new name. `no_x` -> `x` flips the value.
+RENAMED = {
+    "no_compile_cache": "compile_cache",
+    "no_anneal_lr": "anneal_lr",
+    "no_normalize_reward": "normalize_reward",
+    "no_normalize_advantages": "normalize_advantages",
+    "lam": "gae_lambda",
+    "td_lambda": "gae_lambda",
+    "policy_train_steps": "policy_steps",
+    "value_train_steps": "value_steps",
+    "train_steps": "update_steps",
+    "policy_lr_schedule": "anneal_lr",  # linear: true, constant: false
+    "value_lr_schedule": "anneal_lr",
+}
+# Flags removed because they had one possible value in the scripts that had them.
+RETIRED = {"n_replay_epochs": 1}
+
+
+def migrate(cls, saved: dict, where: str) -> dict:
+    """A saved config's flags under the names of `RENAMED`: each old flag becomes the new one (a
+    `no_x` flips, a learning-rate schedule becomes `anneal_lr`); a `RETIRED` flag at its only value
+    is dropped."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for name, value in saved.items():
+        new = RENAMED.get(name)
+        if name in hints or new not in hints:
+            if not (name not in hints and RETIRED.get(name, object()) == value):
+                out[name] = value
+            continue
+        if name.startswith("no_") and isinstance(value, bool):
+            value = not value
+        elif name.endswith("_lr_schedule") and value in ("linear", "constant"):
+            value = value == "linear"
+        require(
+            out.get(new, value) == value,
+            f"{where} sets {flag_name(name)} against the other flag that became {flag_name(new)} "
+            f"({json.dumps(saved)}); give both the same value, or start a new run",
+        )
+        out[new] = value
+    return out
 
 
 class ConfigError(ValueError):
@@ -287,6 +333,25 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class _Negate(_Once):
+    """`--no-x`: sets the boolean `x` to false."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, False, option_string)
+
+
+class _Renamed(argparse.Action):
+    """A flag renamed in `RENAMED`: refused with its new name."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = flag_name(RENAMED[self.dest.removeprefix("renamed_")])
+        hint = " true or false" if self.dest.endswith("_lr_schedule") else ""
+        parser.error(f"{option_string} is now {new}{hint} (one name across the scripts)")
+
+
 class _Concatenate(_Once):
     def __call__(self, parser, namespace, values, option_string=None):
         super().__call__(
@@ -304,7 +369,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(cls, description: str) -> argparse.ArgumentParser:
     parser = _Parser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="A boolean flag takes --x, --x true, --x false, --x=False and --no-x.",
     )
     parser.given = {}  # field -> the flag that set it, as parsed
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
@@ -333,6 +400,21 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
         )
         if "_" in f.name:  # snake_case alias, hidden from --help
             parser.add_argument(f"--{f.name}", dest=f.name, help=argparse.SUPPRESS, **spec)
+        if kind is bool:  # --no-x, hidden from --help (the epilog says it)
+            for name in {f"--no-{f.name.replace('_', '-')}", f"--no_{f.name}"}:
+                parser.add_argument(name, dest=f.name, action=_Negate, help=argparse.SUPPRESS)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for old, new in RENAMED.items():
+        if new in fields and old not in fields and f"no_{new}" != old:
+            for name in {f"--{old.replace('_', '-')}", f"--{old}"}:
+                parser.add_argument(
+                    name,
+                    dest=f"renamed_{old}",
+                    nargs="?",
+                    action=_Renamed,
+                    default=argparse.SUPPRESS,
+                    help=argparse.SUPPRESS,
+                )
     return parser
 
 
@@ -403,6 +485,7 @@ def load_config(cls, run_dir: Path):
         f"--resume {run_dir}: {path} holds no flags ({type(saved).__name__}); "
         f"repair it or start a new run",
     )
+    saved = migrate(cls, saved, f"--resume {run_dir}: {path}")
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(saved) - set(hints))
     require(

@@ -171,7 +171,7 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
     devices.init_distributed(
         config.coordinator, config.num_processes, config.process_id, config.coordinator_timeout
     )
-    if not config.no_compile_cache:
+    if config.compile_cache:
         enable_compile_cache()
     host = devices.init_host_and_devices(config.n_devices or None, config.seed)
     hosts = jax.process_count()

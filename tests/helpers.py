@@ -134,7 +134,7 @@ TINY_BY_SCRIPT = {
         n_replay_epochs=2,
     ),
     "actor_critic": dict(
-        num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32, value_train_steps=4
+        num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32, value_steps=4
     ),
     "reinforce": dict(num_envs=4, num_steps=16, batch_size=32),
     "dqn_value": dict(num_envs=4, num_steps=4, update_steps=4, batch_size=8, n_replay_epochs=3),

@@ -33,8 +33,8 @@ TINY = dict(
     num_steps=32,
     policy_batch_size=64,
     value_batch_size=32,
-    policy_train_steps=3,
-    value_train_steps=2,
+    policy_steps=3,
+    value_steps=2,
     total_steps=4 * 32 * 20,
     loss="ppo",
 )
@@ -159,7 +159,7 @@ def test_flag_picks_the_estimator(advantage, fn, param):
     rng = np.random.default_rng(0)
     data = [jnp.asarray(rng.normal(size=(8, 3)), jnp.float32) for _ in range(3)]
     ends = [jnp.asarray(rng.random((8, 3)) < 0.2)] * 2
-    got = actor_critic.estimator(tiny(advantage=advantage, td_k=5, lam=0.7, gamma=0.9))(
+    got = actor_critic.estimator(tiny(advantage=advantage, td_k=5, gae_lambda=0.7, gamma=0.9))(
         *data, *ends
     )
     chex.assert_trees_all_close(got, fn(*data, *ends, 0.9, *param))
@@ -220,8 +220,8 @@ def test_epoch_trains_both_networks():
         for x, y in zip(jax.tree.leaves(host(before)), jax.tree.leaves(after)):
             assert not np.array_equal(x, y)
     for opt_state, steps in (
-        (new_state.policy_opt_state, config.policy_train_steps),
-        (new_state.value_opt_state, config.value_train_steps),
+        (new_state.policy_opt_state, config.n_policy_steps),
+        (new_state.value_opt_state, config.value_steps),
     ):
         counts = [x for x in jax.tree.leaves(opt_state) if x.dtype == np.int32]
         assert counts and all(np.all(x == steps) for x in counts)
@@ -260,7 +260,7 @@ def test_scaled_value_targets_read_the_output_times_one_over_one_minus_gamma():
     """A constant raw value output c means V = c / (1 - gamma) = 50 c; TD(1) advantages on CartPole
     (reward 1, as the rewards stay with --no-normalize-reward) are 1 - (1 - gamma) V on running
     steps and 1 - V on terminating ones."""
-    config, _, init, epoch = compiled(**FROZEN_VALUE, no_normalize_reward=True)
+    config, _, init, epoch = compiled(**FROZEN_VALUE, normalize_reward=False)
     state = init(run_keys(1))
     c = 0.4
     head = state.value_params["head"]
@@ -356,15 +356,13 @@ def test_two_device_pendulum_epoch_keeps_devices_in_sync():
             dict(n_shared_layers=3),
             r"--n-shared-layers 3: the networks have 2 hidden layers .*use 0 to 2",
         ),
-        (dict(n_replay_epochs=2), r"--n-replay-epochs 2: --loss ppo is on-policy.*use 1"),
-        (dict(n_replay_epochs=4, loss="a2c"), r"--n-replay-epochs 4: --loss a2c is on-policy"),
         (dict(td_k=0), "--td-k must be at least 1"),
-        (dict(value_train_steps=0), "--value-train-steps must be at least 1"),
+        (dict(value_steps=0), "--value-steps must be at least 1"),
         (
             dict(policy_lr=-1e-3),
             "--policy-lr -0.001, --value-lr 0.0025: use positive learning rates",
         ),
-        (dict(lam=1.5), "--lam 1.5"),
+        (dict(gae_lambda=1.5), "--gae-lambda 1.5"),
         (dict(scale_value_targets=True, gamma=1.0), "--scale-value-targets .* below 1"),
         (dict(hidden=()), "--hidden"),
     ],
@@ -376,11 +374,11 @@ def test_bad_config_is_rejected(overrides, match):
 
 def test_ppo_defaults_take_several_minibatch_steps_and_differ_from_a2c():
     """With one policy step on the whole rollout the ratio is 1 and PPO's gradient is A2C's."""
-    assert (Config().policy_steps, Config().policy_batch) == (1, 1024)
-    assert (Config(loss="ppo").policy_steps, Config(loss="ppo").policy_batch) == (16, 256)
-    assert Config(loss="ppo", policy_train_steps=4, policy_batch_size=512).policy_steps == 4
-    with pytest.raises(ValueError, match="--loss ppo --policy-train-steps 1 is A2C"):
-        Config(loss="ppo", policy_train_steps=1)
+    assert (Config().n_policy_steps, Config().policy_batch) == (1, 1024)
+    assert (Config(loss="ppo").n_policy_steps, Config(loss="ppo").policy_batch) == (16, 256)
+    assert Config(loss="ppo", policy_steps=4, policy_batch_size=512).n_policy_steps == 4
+    with pytest.raises(ValueError, match="--loss ppo --policy-steps 1 is A2C"):
+        Config(loss="ppo", policy_steps=1)
     policies = {}
     for loss in ("a2c", "ppo"):  # the defaults, apart from the loss: one epoch from the same state
         trainer = make_trainer(Config(loss=loss, n_devices=1))
@@ -441,9 +439,6 @@ def test_help_lists_every_flag(tmp_path):
     for field in dataclasses.fields(Config):
         assert "--" + field.name.replace("_", "-") in text, field.name
     assert "{monte-carlo,td-k,td-lambda,gae}" in text and "{a2c,ppo}" in text
-    assert (
-        "must be 1, as a2c and ppo learn only from the current policy's data (default: 1)" in text
-    )
 
 
 @pytest.mark.slow  # about 15-40 s: import, then a full compile in a fresh process

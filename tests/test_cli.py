@@ -14,18 +14,7 @@ from helpers import command, script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "ppo_joint.py"
-TINY = [
-    "--num-envs",
-    "4",
-    "--num-steps",
-    "32",
-    "--total-steps",
-    "1280",
-    "--eval-every",
-    "0",
-    "--eval-episodes",
-    "4",
-]
+TINY = "--num-envs 4 --num-steps 32 --total-steps 1280 --eval-every 0 --eval-episodes 4".split()
 
 
 def tiny(*args):
@@ -151,3 +140,73 @@ def test_interrupt_then_resume_and_eval_only(tmp_path, signum, exit_code):
     out = cli("--eval-only", "--resume", out_dir, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "eval return" in out.stdout and "compiled in" not in out.stdout
+
+
+# ----------------------------------------------------------------------------
+# One vocabulary: booleans in every form, renamed flags
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args, value",
+    [
+        ([], True),
+        (["--normalize-reward"], True),
+        (["--normalize-reward", "false"], False),
+        (["--normalize-reward=False"], False),  # as a wandb agent passes it
+        (["--no-normalize-reward"], False),
+    ],
+)
+def test_a_boolean_takes_every_form(args, value):
+    from algos import ppo_joint
+    from common import cli
+
+    assert cli.parse_config(ppo_joint.Config, args).normalize_reward is value
+
+
+@pytest.mark.parametrize(
+    "script, args, new",
+    [
+        ("actor_critic", ["--lam", "0.9"], "--gae-lambda"),
+        ("awr", ["--td-lambda", "0.9"], "--gae-lambda"),
+        ("actor_critic", ["--policy-train-steps", "4"], "--policy-steps"),
+        ("reinforce", ["--train-steps", "2"], "--update-steps"),
+        ("awr", ["--policy-lr-schedule", "constant"], "--anneal-lr true or false"),
+    ],
+)
+def test_a_renamed_flag_is_refused_with_its_new_name(tmp_path, script, args, new):
+    out = command(script, *args, cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert f"{args[0]} is now {new}" in out.stderr, out.stderr
+
+
+def test_a_run_written_with_the_old_names_resumes_under_the_new(tmp_path):
+    """config.json of a run written before the renames: each old flag maps to its new name (a no_x
+    flips), the retired --n-replay-epochs 1 is dropped; two old flags that disagree on one new flag
+    are refused in one line."""
+    import dataclasses
+
+    from algos import actor_critic
+    from common import cli
+
+    saved = dataclasses.asdict(actor_critic.Config())
+    for new in ("gae_lambda", "anneal_lr", "policy_steps", "value_steps", "normalize_reward"):
+        del saved[new]
+    del saved["compile_cache"]
+    old = dict(
+        lam=0.8,
+        policy_lr_schedule="constant",
+        value_lr_schedule="constant",
+        policy_train_steps=3,
+        value_train_steps=5,
+        no_normalize_reward=True,
+        no_compile_cache=True,
+        n_replay_epochs=1,
+    )
+    (tmp_path / "config.json").write_text(json.dumps({**saved, **old}))
+    config = cli.load_config(actor_critic.Config, tmp_path)
+    assert (config.gae_lambda, config.anneal_lr, config.normalize_reward) == (0.8, False, False)
+    assert (config.policy_steps, config.value_steps, config.compile_cache) == (3, 5, False)
+    (tmp_path / "config.json").write_text(
+        json.dumps({**saved, **old, "value_lr_schedule": "linear"})
+    )
+    with pytest.raises(cli.ConfigError, match="--value-lr-schedule against the other flag"):
+        cli.load_config(actor_critic.Config, tmp_path)

@@ -169,7 +169,7 @@ def test_no_script_compiles_a_lapack_call(name):
 SMALL = {
     "ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2),
     "actor_critic": dict(
-        num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32, value_train_steps=4
+        num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32, value_steps=4
     ),
     "skip_transformer": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1),
 }
@@ -209,9 +209,9 @@ WHOLE_BATCH = {
         value_batch_size=envs * steps,
     ),
     "actor_critic": lambda envs, steps: dict(
-        policy_batch_size=envs * steps, value_train_steps=2, value_batch_size=envs * steps
+        policy_batch_size=envs * steps, value_steps=2, value_batch_size=envs * steps
     ),
-    "reinforce": lambda envs, steps: dict(batch_size=envs * steps, train_steps=2, baseline=True),
+    "reinforce": lambda envs, steps: dict(batch_size=envs * steps, update_steps=2, baseline=True),
     "dqn_value": lambda envs, steps: dict(
         n_replay_epochs=1,
         update_steps=2,

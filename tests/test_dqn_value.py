@@ -486,7 +486,7 @@ RUN = dict(
     eval_every=3,
     eval_episodes=2,
     checkpoint_every=50,
-    no_compile_cache=True,
+    compile_cache=False,
     seed=3,
 )
 

@@ -318,7 +318,7 @@ class NanReward(Corridor):
         eval_every=0,
         eval_episodes=2,
         n_devices=1,
-        no_compile_cache=True,
+        compile_cache=False,
         out_dir=str(tmp_path / "run"),
     )
     with pytest.raises(SystemExit) as info:
@@ -401,7 +401,7 @@ def test_a_saved_agent_of_a_discrete_observation_acts_on_the_index(tmp_path):
         eval_every=0,
         eval_episodes=2,
         n_devices=1,
-        no_compile_cache=True,
+        compile_cache=False,
         out_dir=str(tmp_path / "run"),
     )
     run.train(config, ppo_joint.make_trainer)

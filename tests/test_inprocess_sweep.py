@@ -24,10 +24,9 @@ TINY = dict(
     eval_every=0,
     eval_episodes=4,
     n_devices=1,
-    no_compile_cache=True,
+    compile_cache=False,
 )
-TINY_FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items() if k != "no_compile_cache"]
-TINY_FLAGS.append("--no-compile-cache")
+TINY_FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
 
 
 def test_members_are_the_grid_in_order():

@@ -156,14 +156,14 @@ SCRIPTS = {
             num_steps=16,
             policy_batch_size=32,
             value_batch_size=32,
-            policy_train_steps=2,
-            value_train_steps=2,
+            policy_steps=2,
+            value_steps=2,
             loss="ppo",
         ),
     ),
     "reinforce": (
         reinforce,
-        dict(num_envs=4, num_steps=16, batch_size=32, train_steps=2, baseline=True),
+        dict(num_envs=4, num_steps=16, batch_size=32, update_steps=2, baseline=True),
     ),
     "awr": (
         awr,
@@ -380,7 +380,7 @@ RUN = dict(
     eval_every=3,
     eval_episodes=2,
     checkpoint_every=50,
-    no_compile_cache=True,
+    compile_cache=False,
     seed=3,
     normalize_obs=True,
 )

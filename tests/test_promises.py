@@ -22,7 +22,7 @@ import pytest
 from common import checkpoints, devices, envs, run, sweep
 from helpers import SCRIPTS, TINY_BY_SCRIPT, slow_for
 
-RUN = dict(n_devices=1, eval_every=0, eval_episodes=2, no_compile_cache=True)
+RUN = dict(n_devices=1, eval_every=0, eval_episodes=2, compile_cache=False)
 
 
 def config(name, out_dir, epochs=3, **overrides):

@@ -28,7 +28,7 @@ from helpers import NUM_SEEDS, command, host, quick_compile, run_keys, script_en
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(
-    num_envs=4, num_steps=32, batch_size=64, train_steps=2, total_steps=4 * 32 * 20, baseline=True
+    num_envs=4, num_steps=32, batch_size=64, update_steps=2, total_steps=4 * 32 * 20, baseline=True
 )
 
 
@@ -108,7 +108,7 @@ def test_epoch():
     for x, y in zip(jax.tree.leaves(host(state.params)), jax.tree.leaves(new_state.params)):
         assert not np.array_equal(x, y)
     counts = [x for x in jax.tree.leaves(new_state.opt_state) if x.dtype == np.int32]
-    assert counts and all(np.all(x == config.train_steps) for x in counts)
+    assert counts and all(np.all(x == config.update_steps) for x in counts)
     again, _ = host(epoch(state))
     chex.assert_trees_all_equal(again, new_state)
     seed0, seed1 = (jax.tree.map(lambda x, i=i: x[:, i], new_state) for i in range(2))
@@ -159,7 +159,7 @@ def test_two_device_pendulum_epoch_keeps_devices_in_sync():
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (dict(train_steps=0), "--train-steps must be at least 1"),
+        (dict(update_steps=0), "--update-steps must be at least 1"),
         (dict(lr=-1.0), "--lr -1.0: use a positive"),
         (dict(gamma=2.0), "--gamma 2.0"),
         (dict(max_grad_norm=-0.5), "--max-grad-norm -0.5"),

@@ -226,7 +226,7 @@ def test_main_turns_only_a_config_error_into_one_line(tmp_path, error):
     def bug(config):
         raise error
 
-    config = Toy(out_dir=str(tmp_path / "run"), no_compile_cache=True)
+    config = Toy(out_dir=str(tmp_path / "run"), compile_cache=False)
     with pytest.raises(SystemExit, match=r"^error: --lr 5.0: use less$"):
         run.launch(config, mistake, "toy")
     with pytest.raises(type(error)):  # a bug keeps its traceback
@@ -248,7 +248,7 @@ def test_a_failed_write_of_config_json_is_one_line(tmp_path, monkeypatch):
         num_steps=16,
         total_steps=128,
         n_devices=1,
-        no_compile_cache=True,
+        compile_cache=False,
         out_dir=str(tmp_path / "run"),
     )
     with pytest.raises(SystemExit) as info:
@@ -303,7 +303,7 @@ RUN = dict(
     eval_every=3,
     eval_episodes=2,
     checkpoint_every=50,
-    no_compile_cache=True,
+    compile_cache=False,
     seed=3,
 )
 
@@ -433,7 +433,7 @@ sys.path.insert(0, {root!r})
 from algos import ppo_joint
 from common import run
 config = ppo_joint.Config(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, num_seeds=2, n_devices=2,
-                          total_steps=128, eval_episodes=2, no_compile_cache=True, out_dir={out!r})
+                          total_steps=128, eval_episodes=2, compile_cache=False, out_dir={out!r})
 print("epochs", run.train(config, ppo_joint.make_trainer).summary["epoch"])
 """
 

@@ -271,7 +271,7 @@ RUN = dict(
     eval_every=0,
     eval_episodes=2,
     checkpoint_every=1,
-    no_compile_cache=True,
+    compile_cache=False,
     n_devices=1,
 )
 
@@ -484,19 +484,19 @@ def test_a_damaged_config_json_is_named_on_resume(tmp_path, capsys, damage, mess
 
 
 @pytest.mark.parametrize("script", ["ppo_joint", "actor_critic", "awr", "skip_transformer"])
-def test_a_run_written_before_no_normalize_reward_resumes_as_it_ran(tmp_path, script):
-    """Its config.json lacks the flag: the run learned from raw rewards, so it resumes with the flag
-    on."""
+def test_a_run_written_before_reward_normalization_resumes_as_it_ran(tmp_path, script):
+    """Its config.json lacks the flag: the run learned from raw rewards, so it resumes with
+    normalize_reward false."""
     import importlib
 
     from common import cli
 
     module = importlib.import_module(f"algos.{script}")
     saved = {
-        k: v for k, v in dataclasses.asdict(module.Config()).items() if k != "no_normalize_reward"
+        k: v for k, v in dataclasses.asdict(module.Config()).items() if k != "normalize_reward"
     }
     (tmp_path / "config.json").write_text(json.dumps(saved))
-    assert cli.load_config(module.Config, tmp_path).no_normalize_reward is True
+    assert cli.load_config(module.Config, tmp_path).normalize_reward is False
 
 
 def test_a_run_written_before_the_conv_torso_resumes_with_its_mlp(tmp_path):

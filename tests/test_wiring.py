@@ -171,7 +171,6 @@ class GaeScript(NamedTuple):
 
     module: object
     flags: dict  # its tiny config, besides GAE_FLAGS
-    lam: str  # the config field of GAE's lambda
     normalize: Callable  # (obs_stats, raw observations [N, ...]) -> what its networks read
     nets: Callable  # (config, runner, dist, normalized [N, ...]) -> (policy inputs [N, ...], V [N])
     losses: Callable  # (config, runner, batch, dist) -> {metric: value}, as the epoch reports them
@@ -188,7 +187,6 @@ GAE = {
     "ppo_joint": GaeScript(
         ppo_joint,
         dict(update_epochs=1, num_minibatches=1, hidden=(16,), gae_lambda=0.8),
-        "gae_lambda",
         envs.normalize_obs,
         lambda config, runner, dist, x: jax.vmap(ppo_joint.network, (None, 0, None, None))(
             runner.params, x, dist, config.activation
@@ -202,8 +200,7 @@ GAE = {
     ),
     "actor_critic": GaeScript(
         actor_critic,
-        dict(loss="a2c", value_train_steps=1, value_batch_size=256, hidden=(16,), lam=0.8),
-        "lam",
+        dict(loss="a2c", value_steps=1, value_batch_size=256, hidden=(16,), gae_lambda=0.8),
         envs.normalize_obs,
         lambda config, runner, dist, x: (
             jax.vmap(actor_critic.policy_network, (None, 0, None, None))(
@@ -233,7 +230,6 @@ GAE = {
             skip_warmup_steps=1000,
             gae_lambda=0.8,
         ),
-        "gae_lambda",
         envs.normalize_window,
         lambda config, runner, dist, x: st.network(runner.params, x, dist, config)[:2],
         lambda config, runner, batch, dist: {
@@ -327,7 +323,7 @@ def test_gae_epoch(name):
         traj.terminated,
         traj.done,
         config.gamma,
-        getattr(config, script.lam),
+        config.gae_lambda,
     )
     check_ends(rollout.targets, rewards, next_values, traj.terminated, truncated, config.gamma)
     np.testing.assert_allclose(rollout.advantages, advantages, rtol=1e-4, atol=1e-4)
@@ -447,7 +443,7 @@ AWR = dict(
     value_batch_size=32,
     hidden=(16,),
     gamma=0.9,
-    td_lambda=0.8,
+    gae_lambda=0.8,
     beta=0.5,
     w_max=3.0,
     total_steps=8 * 16 * 10,
@@ -580,7 +576,7 @@ def np_returns_per_device(c, rows, next_values, N):
             np.stack(
                 [
                     np_td_lambda(
-                        r[i], v.reshape(shape)[i], term[i], done[i], config.gamma, config.td_lambda
+                        r[i], v.reshape(shape)[i], term[i], done[i], config.gamma, config.gae_lambda
                     )
                     for i in range(shape[0])
                 ]
