@@ -105,10 +105,8 @@ class Config(cli.RunConfig):
             "activation",
             "std",
         ):
-            choices, value = (
-                typing.get_args(typing.get_type_hints(Config)[name]),
-                getattr(self, name),
-            )
+            choices = typing.get_args(typing.get_type_hints(Config)[name])
+            value = getattr(self, name)
             cli.require(
                 value in choices,
                 f"{cli.flag_name(name)} {value!r}: use one of {', '.join(choices)}",
@@ -537,7 +535,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
         order = jax.vmap(shuffle)(jax.random.split(key, n_passes)).reshape(-1, batch_size)[:n_steps]
 
-        def train_step(carry, idx):
+        def update_step(carry, idx):
             params, opt_state = carry
             minibatch = jax.tree.map(lambda x: x[idx], batch)
             grads, metrics = jax.grad(loss_fn, has_aux=True)(params, minibatch)
@@ -546,16 +544,12 @@ def make_trainer(config: Config) -> run.Trainer:
             metrics[f"optim/{name}_grad_norm"] = optax.tree.norm(grads)
             return (optax.apply_updates(params, updates), opt_state), metrics
 
-        return jax.lax.scan(train_step, (params, opt_state), order)
+        return jax.lax.scan(update_step, (params, opt_state), order)
 
     def epoch(state: RunnerState):
         collected = rollout(state)  # COLLECT and ADVANTAGES
-        state, traj, advantages, targets = (
-            collected.state,
-            collected.traj,
-            collected.advantages,
-            collected.targets,
-        )
+        state, traj = collected.state, collected.traj
+        advantages, targets = collected.advantages, collected.targets
 
         # UPDATE: the value net on V + A, then the policy on A (both from V before this update);
         # each network with its own steps, batch size and optimizer.

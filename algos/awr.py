@@ -67,9 +67,7 @@ class Config(cli.RunConfig):
     """discount"""
     gae_lambda: float = 0.95
     """lambda of the TD(lambda) return (GAE's lambda: the same lambda-return)"""
-    beta: float = (
-        2.0  # 1.0: CartPole --q-value, 1 of 32 seeds fell to 145 late; 2.0: 0 of 32, and quicker
-    )
+    beta: float = 2.0
     """temperature of the weights exp(A / beta)"""
     w_max: float = 20.0
     """upper clip of the weights"""
@@ -168,10 +166,8 @@ def critic_net(
     actions cost little more than one."""
     # the convolution, if any, sees the state alone
     n_conv = sum(layer["w"].ndim == 4 for layer in params["torso"])
-    x, (first, *rest) = (
-        nets.torso(params["torso"][:n_conv], obs, activation),
-        params["torso"][n_conv:],
-    )
+    x = nets.torso(params["torso"][:n_conv], obs, activation)
+    first, *rest = params["torso"][n_conv:]
     # [K, H]
     h = (
         x @ first["w"][: x.size]
@@ -206,8 +202,8 @@ class Replay(NamedTuple):
 class RunnerState(NamedTuple):
     policy: dict
     critic: dict
-    policy_opt: optax.OptState
-    critic_opt: optax.OptState
+    policy_opt_state: optax.OptState
+    critic_opt_state: optax.OptState
     replay: Replay
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
@@ -231,16 +227,15 @@ class Targets(NamedTuple):
     advantages: jax.Array
     weights: jax.Array  # [N, K] min(exp(A / beta), w_max)
     mask: jax.Array  # [N, K] m_k: mu(a_k|s) when every action is enumerated, else 1
-    metrics: (
-        dict  # awr/* and q/mean over the valid rows of every device (awr/weight_max: their maximum)
-    )
+    # awr/* and q/mean over the valid rows of every device (awr/weight_max: their maximum)
+    metrics: dict
 
 
 class Rollout(NamedTuple):
-    """An epoch before its policy update: the runner (this epoch stored, the critic updated) and
+    """An epoch before its policy update: the state (this epoch stored, the critic updated) and
     what follows."""
 
-    runner: RunnerState
+    state: RunnerState
     traj: Transition  # [T, B, ...] this epoch's steps as collected (raw observations)
     # [N, ...] the replay, observations and rewards normalized with the current statistics
     rows: Transition
@@ -258,10 +253,8 @@ def td_lambda(rewards, next_values, terminated, dones, gamma: float, lam: float)
     observation after step t before any reset (a truncated episode bootstraps from it), G_T =
     V(s'_{T-1}). lam = 1: Monte-Carlo in the rollout; 0: TD(0)."""
     chex.assert_rank(rewards, 2), chex.assert_equal_shape([rewards, next_values, terminated, dones])
-    discount, trace = (
-        gamma * (1.0 - terminated.astype(jnp.float32)),
-        lam * (1.0 - dones.astype(jnp.float32)),
-    )
+    discount = gamma * (1.0 - terminated.astype(jnp.float32))
+    trace = lam * (1.0 - dones.astype(jnp.float32))
 
     def backward(next_return, x):
         r, v_next, g, trace_t = x
@@ -387,8 +380,7 @@ def make_trainer(config: Config) -> run.Trainer:
             f"{n_rows}",
         )
     # K >= A discrete actions: each once, weighted by mu(a|s). Sampled, a near-deterministic mu
-    # gives K copies of one action, every A_k = 0, and the policy never leaves it (CartPole, K = 4:
-    # 2 of 32 at 9; enumerated: 0 of 40).
+    # gives K copies of one action, every A_k = 0, and the policy never leaves it.
     enumerate_all = config.q_value and dist.discrete and K >= dist.n
     K = dist.n if enumerate_all else K
 
@@ -473,8 +465,8 @@ def make_trainer(config: Config) -> run.Trainer:
         state = RunnerState(
             policy=policy,
             critic=critic_params,
-            policy_opt=policy_tx.init(policy),
-            critic_opt=critic_tx.init(critic_params),
+            policy_opt_state=policy_tx.init(policy),
+            critic_opt_state=critic_tx.init(critic_params),
             replay=None,
             env_state=env_state,
             obs=obs,
@@ -500,10 +492,8 @@ def make_trainer(config: Config) -> run.Trainer:
             next_actions, next_log_mu = sample_actions(
                 dist, rows.next_inputs, next_key, K, enumerate_all
             )
-            q, next_q = (
-                critic(critic_params, rows.obs, actions),
-                critic(critic_params, rows.final_obs, next_actions),
-            )
+            q = critic(critic_params, rows.obs, actions)
+            next_q = critic(critic_params, rows.final_obs, next_actions)
             next_values = aggregate_q(
                 next_q,
                 next_log_mu,
@@ -516,10 +506,8 @@ def make_trainer(config: Config) -> run.Trainer:
             values = aggregate_q(q, log_mu, "mean", config.q_temperature, enumerate_all)
         else:  # the taken action, and V(s) in Q's place
             actions, log_mu = rows.action[:, None], jnp.zeros((n_rows, 1))
-            values, next_values = (
-                critic(critic_params, rows.obs),
-                critic(critic_params, rows.final_obs),
-            )
+            values = critic(critic_params, rows.obs)
+            next_values = critic(critic_params, rows.final_obs)
             q = values[:, None]
         # each stored epoch is its own [T, B] rollout
         returns = jax.vmap(td_lambda, (0, 0, 0, 0, None, None))(
@@ -559,9 +547,7 @@ def make_trainer(config: Config) -> run.Trainer:
             metrics=metrics,
         )
 
-    def minibatch_steps(
-        net: str, loss_fn, tx, params, opt_state, key, n_steps: int, batch_size: int, n_valid
-    ):
+    def fit(net: str, loss_fn, tx, params, opt_state, key, n_steps: int, batch_size: int, n_valid):
         """n_steps Adam steps on batch_size rows drawn from the first n_valid, gradients averaged
         over devices."""
 
@@ -618,12 +604,12 @@ def make_trainer(config: Config) -> run.Trainer:
             loss = jnp.mean((pred - targets.returns[idx]) ** 2)
             return loss, {"loss/value": loss}
 
-        (critic_params, critic_opt), critic_metrics = minibatch_steps(
+        (critic_params, critic_opt_state), critic_metrics = fit(
             "value",
             critic_loss,
             critic_tx,
             state.critic,
-            state.critic_opt,
+            state.critic_opt_state,
             critic_key,
             value_steps,
             config.value_batch_size,
@@ -632,7 +618,7 @@ def make_trainer(config: Config) -> run.Trainer:
         # Plain AWR's policy weighs A = G - V of the critic just updated; Sampling AWR's the target
         # copy's A_k.
         return Rollout(
-            runner=state._replace(critic=critic_params, critic_opt=critic_opt, key=key),
+            state=state._replace(critic=critic_params, critic_opt_state=critic_opt_state, key=key),
             traj=traj,
             rows=rows,
             returns=targets.returns,
@@ -645,18 +631,18 @@ def make_trainer(config: Config) -> run.Trainer:
 
     def epoch(state: RunnerState):
         r = rollout(state)  # COLLECT, STORE, TARGETS, CRITIC
-        state, t, n_valid = r.runner, r.targets, r.runner.replay.filled * layout.rollout_size
+        state, t, n_valid = r.state, r.targets, r.state.replay.filled * layout.rollout_size
 
         # POLICY: weighted log-likelihood of the K actions per state.
         def batch(idx):
             return r.rows.obs[idx], t.actions[idx], t.weights[idx], t.mask[idx], t.log_mu[idx]
 
-        (policy, policy_opt), policy_metrics = minibatch_steps(
+        (policy, policy_opt_state), policy_metrics = fit(
             "policy",
             lambda p, idx: policy_loss(p, *batch(idx), dist, config),
             policy_tx,
             state.policy,
-            state.policy_opt,
+            state.policy_opt_state,
             r.policy_key,
             config.policy_steps,
             config.policy_batch_size,
@@ -672,7 +658,9 @@ def make_trainer(config: Config) -> run.Trainer:
         obs_stats = (
             envs.update_obs_stats(state.obs_stats, r.traj.obs) if config.normalize_obs else None
         )
-        return state._replace(policy=policy, policy_opt=policy_opt, obs_stats=obs_stats), metrics
+        return state._replace(
+            policy=policy, policy_opt_state=policy_opt_state, obs_stats=obs_stats
+        ), metrics
 
     def act(policy: envs.Policy, obs, key):  # greedy: no key needed
         inputs = policy_net(

@@ -144,14 +144,14 @@ class Config(cli.RunConfig):
 def init_network(key, obs_shape: tuple, hidden: tuple, n_actions: int, conv: bool = False) -> dict:
     keys = jax.random.split(key, len(hidden) + 1)
     return {
-        "body": nets.torso_init(keys[:-1], obs_shape, hidden, conv),
+        "torso": nets.torso_init(keys[:-1], obs_shape, hidden, conv),
         "head": nets.dense_init(keys[-1], hidden[-1], n_actions, 1.0),
     }
 
 
 def network(params: dict, obs: jax.Array, activation: nets.Activation) -> jax.Array:
     """One observation -> the network's outputs, one per action `[A]` (Q = outputs * scale)."""
-    return nets.torso(params["body"], obs, activation) @ params["head"]["w"] + params["head"]["b"]
+    return nets.torso(params["torso"], obs, activation) @ params["head"]["w"] + params["head"]["b"]
 
 
 # ----------------------------------------------------------------------------
@@ -322,11 +322,9 @@ def replay_push(replay: Replay, rollout: Transition, next_obs: jax.Array) -> Rep
     position of T); `next_obs` `[B, ...]` follows its last step. Truncated steps' final observations
     go to their slots."""
     chex.assert_rank([replay.data.reward, rollout.reward], 2)
-    capacity, n_rows, n_final = (
-        replay.data.reward.shape[0],
-        rollout.reward.shape[0],
-        replay.final.shape[0],
-    )
+    capacity = replay.data.reward.shape[0]
+    n_rows = rollout.reward.shape[0]
+    n_final = replay.final.shape[0]
     truncated = rollout.done & ~rollout.terminated  # [T, B]
     # truncations before each step
     count = replay.n_truncated + jnp.cumsum(truncated, axis=0) - truncated
@@ -414,10 +412,8 @@ def make_trainer(config: Config) -> run.Trainer:
         f"--batch-size {config.batch_size} is not divisible by "
         f"--n-devices {layout.n_devices}; use a multiple of {layout.n_devices}",
     )
-    envs_per_device, batch_per_device = (
-        layout.envs_per_device,
-        config.batch_size // layout.n_devices,
-    )
+    envs_per_device = layout.envs_per_device
+    batch_per_device = config.batch_size // layout.n_devices
     env, env_params = envs.make_env(config.env)
     space = env.action_space(env_params)
     if not isinstance(space, spaces.Discrete):
@@ -461,46 +457,46 @@ def make_trainer(config: Config) -> run.Trainer:
             key=run_key,
         )
 
-    def epoch(runner: RunnerState):
+    def epoch(state: RunnerState):
         # COLLECT: T epsilon-greedy steps of B environments.
-        epsilon = epsilon_schedule(runner.epoch, config.eps_start, config.eps_decay, config.eps_min)
+        epsilon = epsilon_schedule(state.epoch, config.eps_start, config.eps_decay, config.eps_min)
 
-        def env_step(runner: RunnerState, _):
-            key, explore_key, random_key, step_key = jax.random.split(runner.key, 4)
-            greedy = jnp.argmax(q_values(runner.params, runner.obs, config.activation), axis=-1)
+        def env_step(state: RunnerState, _):
+            key, explore_key, random_key, step_key = jax.random.split(state.key, 4)
+            greedy = jnp.argmax(q_values(state.params, state.obs, config.activation), axis=-1)
             explore = jax.random.uniform(explore_key, (envs_per_device,)) < epsilon
             action = jnp.where(
                 explore, jax.random.randint(random_key, (envs_per_device,), 0, n_actions), greedy
             )
             obs, env_state, reward, terminated, truncated, info = step_envs(
-                jax.random.split(step_key, envs_per_device), runner.env_state, action, env_params
+                jax.random.split(step_key, envs_per_device), state.env_state, action, env_params
             )
             done = jnp.logical_or(terminated, truncated)
             transition = Transition(
-                obs=runner.obs,
+                obs=state.obs,
                 action=action.astype(jnp.int32),
                 reward=reward.astype(jnp.float32),
                 terminated=terminated,
                 done=done,
                 final_obs=info["final_observation"],
             )
-            episode_stats = envs.update_episode_stats(runner.episode_stats, reward, done)
-            return runner._replace(
+            episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
+            return state._replace(
                 env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
             ), transition
 
-        runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
-        runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
+        state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
+        state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
         # STORE: the rollout overwrites the oldest epoch's rows of the ring buffer.
-        runner = runner._replace(replay=replay_push(runner.replay, traj, runner.obs))
+        state = state._replace(replay=replay_push(state.replay, traj, state.obs))
 
         # TARGETS: every update step's batch is drawn at once (the draws do not depend
         # on the parameters); y = G + gamma^m * Q_target(s'_{t+m-1}, a*) is completed
         # in the step, with the target network of that step.
-        key, sample_key = jax.random.split(runner.key)
+        key, sample_key = jax.random.split(state.key)
         batches = sample_batch(
-            runner.replay,
+            state.replay,
             sample_key,
             config.update_steps * batch_per_device,
             config.n_step,
@@ -512,32 +508,32 @@ def make_trainer(config: Config) -> run.Trainer:
         )
 
         # UPDATE: gradient steps on the sampled batches; gradients averaged over devices.
-        def update_step(runner: RunnerState, batch: Batch):
-            params, target_params = runner.params, runner.target_params
+        def update_step(state: RunnerState, batch: Batch):
+            params, target_params = state.params, state.target_params
             grads, metrics = jax.grad(dqn_loss, has_aux=True)(params, target_params, batch, config)
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
-            updates, opt_state = tx.update(grads, runner.opt_state, params)
-            params, step = optax.apply_updates(params, updates), runner.step + 1
+            updates, opt_state = tx.update(grads, state.opt_state, params)
+            params, step = optax.apply_updates(params, updates), state.step + 1
             # SYNC: the target network takes the online weights every sync_freq gradient steps.
             target_params = jax.tree.map(
                 lambda t, p: jnp.where(step % config.sync_freq == 0, p, t), target_params, params
             )
             metrics["optim/grad_norm"] = optax.tree.norm(grads)
-            return runner._replace(
+            return state._replace(
                 params=params, target_params=target_params, opt_state=opt_state, step=step
             ), metrics
 
-        runner, losses = jax.lax.scan(update_step, runner, batches)
+        state, losses = jax.lax.scan(update_step, state, batches)
 
         # METRICS: scalar means, identical on every device.
         metrics = {k: jnp.mean(v) for k, v in losses.items()}
         metrics["policy/epsilon"] = epsilon
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         metrics["replay/size"] = jax.lax.psum(
-            runner.replay.filled * envs_per_device, devices.DEVICE_AXIS
+            state.replay.filled * envs_per_device, devices.DEVICE_AXIS
         ).astype(jnp.float32)
-        metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
-        return runner._replace(epoch=runner.epoch + 1, key=key), metrics
+        metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
+        return state._replace(epoch=state.epoch + 1, key=key), metrics
 
     def act(policy: envs.Policy, obs, key):
         del key  # greedy (temperature 0)

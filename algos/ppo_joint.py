@@ -330,7 +330,7 @@ def make_trainer(config: Config) -> run.Trainer:
         )
         return Rollout(state=state, traj=traj, advantages=advantages, targets=targets)
 
-    def minibatch_step(carry, minibatch: Batch):
+    def update_step(carry, minibatch: Batch):
         params, opt_state = carry
         grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, minibatch, dist, config)
         grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
@@ -364,7 +364,7 @@ def make_trainer(config: Config) -> run.Trainer:
             minibatches = jax.tree.map(
                 lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch
             )
-            return jax.lax.scan(minibatch_step, carry, minibatches)
+            return jax.lax.scan(update_step, carry, minibatches)
 
         key, perm_key = jax.random.split(state.key)
         (params, opt_state), losses = jax.lax.scan(

@@ -63,9 +63,7 @@ class Config(cli.RunConfig):
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged
     over devices, per seed, saved in checkpoints), clipped to +-10"""
-    normalize_reward: bool = (
-        False  # on: CartPole-v1 at 150k steps 236 (off 278), Acrobot-v1's worst seed -120 (-87)
-    )
+    normalize_reward: bool = False
     """divide the rewards the returns are summed from by a running std of the discounted return
     where above 1 (kept like --normalize-obs)"""
 
@@ -125,10 +123,10 @@ class Transition(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """An epoch before its update: the runner after T steps (its obs_stats: what the network saw)
+    """An epoch before its update: the state after T steps (its obs_stats: what the network saw)
     and what the update trains on."""
 
-    runner: RunnerState
+    state: RunnerState
     traj: Transition  # [T, B, ...] as collected (raw observations)
     weights: jax.Array  # [T, B] G_t - b
     return_mean: jax.Array  # [] mean G_t of every device's rollout
@@ -199,10 +197,8 @@ def make_trainer(config: Config) -> run.Trainer:
         f"--batch-size {config.batch_size}: use a multiple of --n-devices {layout.n_devices} of at "
         f"most {config.num_envs} envs x {config.num_steps} steps = {layout.steps_per_epoch}",
     )
-    envs_per_device, batch_per_device = (
-        layout.envs_per_device,
-        config.batch_size // layout.n_devices,
-    )
+    envs_per_device = layout.envs_per_device
+    batch_per_device = config.batch_size // layout.n_devices
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     obs_shape = tuple(env.observation_space(env_params).shape)
@@ -236,59 +232,59 @@ def make_trainer(config: Config) -> run.Trainer:
             key=run_key,
         )
 
-    def rollout(runner: RunnerState) -> Rollout:
+    def rollout(state: RunnerState) -> Rollout:
         # COLLECT: T steps of B environments under the current policy (--normalize-obs: the network
         # sees observations normalized with the statistics of earlier epochs; off, normalize_obs is
         # the identity).
-        def env_step(runner: RunnerState, _):
-            key, act_key, step_key = jax.random.split(runner.key, 3)
+        def env_step(state: RunnerState, _):
+            key, act_key, step_key = jax.random.split(state.key, 3)
             inputs = net(
-                runner.params,
-                envs.normalize_obs(runner.obs_stats, runner.obs),
+                state.params,
+                envs.normalize_obs(state.obs_stats, state.obs),
                 dist,
                 config.activation,
             )
             action = dist.sample(inputs, act_key)
             obs, env_state, reward, terminated, truncated, _ = step_envs(
                 jax.random.split(step_key, envs_per_device),
-                runner.env_state,
+                state.env_state,
                 dist.clip_action(action),
                 env_params,
             )
             done = jnp.logical_or(terminated, truncated)
             transition = Transition(
-                obs=runner.obs,
+                obs=state.obs,
                 action=action,
                 reward=reward,
                 done=done,
                 log_prob=dist.log_prob(inputs, action),
                 greedy_action=dist.mode(inputs),
             )
-            episode_stats = envs.update_episode_stats(runner.episode_stats, reward, done)
-            return runner._replace(
+            episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
+            return state._replace(
                 env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
             ), transition
 
-        runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
-        runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
+        state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
+        state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
         # TARGETS: returns to the episode's end in the rollout (of rewards / --normalize-reward),
         # minus the baseline.
-        runner = runner._replace(
+        state = state._replace(
             reward_stats=envs.update_reward_stats(
-                runner.reward_stats, traj.reward, traj.done, config.gamma
+                state.reward_stats, traj.reward, traj.done, config.gamma
             )
         )
         returns = discounted_returns(
-            traj.reward / envs.reward_scale(runner.reward_stats), traj.done, config.gamma
+            traj.reward / envs.reward_scale(state.reward_stats), traj.done, config.gamma
         )
         weights, return_mean = returns_weights(returns, config.baseline)
-        return Rollout(runner=runner, traj=traj, weights=weights, return_mean=return_mean)
+        return Rollout(state=state, traj=traj, weights=weights, return_mean=return_mean)
 
-    def epoch(runner: RunnerState):
+    def epoch(state: RunnerState):
         # COLLECT, TARGETS: `rollout` above.
-        collected = rollout(runner)
-        runner, traj = collected.runner, collected.traj
+        collected = rollout(state)
+        state, traj = collected.state, collected.traj
 
         # UPDATE: update_steps Adam steps on random batches of the rollout; gradients averaged over
         # devices.
@@ -298,29 +294,29 @@ def make_trainer(config: Config) -> run.Trainer:
         batch = jax.tree.map(
             flat,
             Batch(
-                obs=envs.normalize_obs(runner.obs_stats, traj.obs),
+                obs=envs.normalize_obs(state.obs_stats, traj.obs),
                 action=traj.action,
                 log_prob=traj.log_prob,
                 weight=collected.weights,
             ),
         )
 
-        def train_step(runner: RunnerState, key):
+        def update_step(state: RunnerState, key):
             rows = jax.random.permutation(key, layout.rollout_size)[:batch_per_device]
             minibatch = jax.tree.map(lambda x: x[rows], batch)
             grads, metrics = jax.grad(reinforce_loss, has_aux=True)(
-                runner.params, minibatch, dist, config.activation
+                state.params, minibatch, dist, config.activation
             )
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
-            updates, opt_state = tx.update(grads, runner.opt_state, runner.params)
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
             metrics["optim/grad_norm"] = optax.tree.norm(grads)
-            return runner._replace(
-                params=optax.apply_updates(runner.params, updates), opt_state=opt_state
+            return state._replace(
+                params=optax.apply_updates(state.params, updates), opt_state=opt_state
             ), metrics
 
-        key, step_key = jax.random.split(runner.key)
-        runner, losses = jax.lax.scan(
-            train_step, runner, jax.random.split(step_key, config.update_steps)
+        key, step_key = jax.random.split(state.key)
+        state, losses = jax.lax.scan(
+            update_step, state, jax.random.split(step_key, config.update_steps)
         )
 
         # METRICS: scalar means, identical on every device. policy/preferred_move is the mean greedy
@@ -334,11 +330,11 @@ def make_trainer(config: Config) -> run.Trainer:
             }
         )
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
-        metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
+        metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
         # this epoch's observations, every device's, join the statistics (--normalize-obs off: None
         # stays None)
-        return runner._replace(
-            obs_stats=envs.update_obs_stats(runner.obs_stats, traj.obs), key=key
+        return state._replace(
+            obs_stats=envs.update_obs_stats(state.obs_stats, traj.obs), key=key
         ), metrics
 
     def act(policy: envs.Policy, obs, key):

@@ -76,9 +76,7 @@ class Config(cli.RunConfig):
     """value loss coefficient c_v"""
     ent_coef: float = 0.0
     """entropy bonus coefficient c_ent"""
-    context_len: int = (
-        8  # 4: MemoryChain-bsuite (its cue 5 steps back) 0.02 for 8 seeds at 150k steps; 8: 1.0
-    )
+    context_len: int = 8
     """observations the Transformer sees: the newest and up to context_len - 1 before it (same
     episode)"""
     d_model: int = 16
@@ -299,9 +297,9 @@ class Transition(NamedTuple):  # the windows, what the policy did, what the envi
     done: jax.Array  # terminated or truncated: the GAE trace stops
 
 
-# an epoch before its update: the runner after T steps and what the update trains on
+# an epoch before its update: the state after T steps and what the update trains on
 class Rollout(NamedTuple):
-    runner: RunnerState
+    state: RunnerState
     traj: Transition  # [T, B, ...] as collected (raw windows)
     advantages: jax.Array  # [T, B]
     targets: jax.Array  # [T, B] R = A + V_old
@@ -419,26 +417,26 @@ def make_trainer(config: Config) -> run.Trainer:
             key=run_key,
         )
 
-    def rollout(runner: RunnerState) -> Rollout:
+    def rollout(state: RunnerState) -> Rollout:
         # statistics of earlier epochs (None: as is)
-        norm = functools.partial(envs.normalize_window, runner.obs_stats)
+        norm = functools.partial(envs.normalize_window, state.obs_stats)
 
         # COLLECT: T steps of B environments; every block runs (as Trax's collect mode).
-        def env_step(runner: RunnerState, _):
-            key, act_key, step_key = jax.random.split(runner.key, 3)
-            inputs, value, _ = network(runner.params, norm(runner.obs), dist, config)
+        def env_step(state: RunnerState, _):
+            key, act_key, step_key = jax.random.split(state.key, 3)
+            inputs, value, _ = network(state.params, norm(state.obs), dist, config)
             action = dist.sample(inputs, act_key)
             obs, env_state, reward, terminated, truncated, info = jax.vmap(
                 env.step, (0, 0, 0, None)
             )(
                 jax.random.split(step_key, layout.envs_per_device),
-                runner.env_state,
+                state.env_state,
                 dist.clip_action(action),
                 env_params,
             )
             done = jnp.logical_or(terminated, truncated)
             transition = Transition(
-                obs=runner.obs,
+                obs=state.obs,
                 final_obs=info["final_observation"],
                 action=action,
                 log_prob=dist.log_prob(inputs, action),
@@ -448,26 +446,26 @@ def make_trainer(config: Config) -> run.Trainer:
                 terminated=terminated,
                 done=done,
             )
-            stats = envs.update_episode_stats(runner.episode_stats, reward, done)
-            return runner._replace(
+            stats = envs.update_episode_stats(state.episode_stats, reward, done)
+            return state._replace(
                 env_state=env_state, obs=obs, episode_stats=stats, key=key
             ), transition
 
-        runner = runner._replace(episode_stats=envs.reset_epoch_stats(runner.episode_stats))
-        runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)  # [T, B, ...]
+        state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
+        state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
 
         # ADVANTAGES: GAE on rewards / their return std, truncations bootstrapping from the final
         # window.
-        next_values = network(runner.params, flat(norm(traj.final_obs)), dist, config)[1].reshape(
+        next_values = network(state.params, flat(norm(traj.final_obs)), dist, config)[1].reshape(
             traj.value.shape
         )
-        runner = runner._replace(
+        state = state._replace(
             reward_stats=envs.update_reward_stats(
-                runner.reward_stats, traj.reward, traj.done, config.gamma
+                state.reward_stats, traj.reward, traj.done, config.gamma
             )
         )
         advantages, targets = gae(
-            traj.reward / envs.reward_scale(runner.reward_stats),
+            traj.reward / envs.reward_scale(state.reward_stats),
             traj.value,
             next_values,
             traj.terminated,
@@ -475,15 +473,15 @@ def make_trainer(config: Config) -> run.Trainer:
             config.gamma,
             config.gae_lambda,
         )
-        return Rollout(runner=runner, traj=traj, advantages=advantages, targets=targets)
+        return Rollout(state=state, traj=traj, advantages=advantages, targets=targets)
 
-    def epoch(runner: RunnerState):
-        collected = rollout(runner)
-        runner, traj, targets = collected.runner, collected.traj, collected.targets
+    def epoch(state: RunnerState):
+        collected = rollout(state)
+        state, traj, targets = collected.state, collected.traj, collected.targets
         batch = jax.tree.map(
             flat,
             Batch(
-                obs=envs.normalize_window(runner.obs_stats, traj.obs),
+                obs=envs.normalize_window(state.obs_stats, traj.obs),
                 action=traj.action,
                 log_prob=traj.log_prob,
                 advantage=collected.advantages,
@@ -495,9 +493,9 @@ def make_trainer(config: Config) -> run.Trainer:
         # drawn from depth_key: the same key on every device, and the first seed's draw serves every
         # seed (skipping.first_copy), so the lax.cond predicate is unbatched and skipped blocks do
         # not run. Gradients averaged over devices.
-        def minibatch_step(carry, minibatch: Batch):
+        def update_step(carry, minibatch: Batch):
             params, opt_state, step = carry
-            rng = jax.random.fold_in(runner.depth_key, step)
+            rng = jax.random.fold_in(state.depth_key, step)
             grads, (metrics, next_step) = jax.grad(ppo_loss, has_aux=True)(
                 params, minibatch, step, rng, dist, config
             )
@@ -517,10 +515,10 @@ def make_trainer(config: Config) -> run.Trainer:
             minibatches = jax.tree.map(
                 lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch
             )
-            return jax.lax.scan(minibatch_step, carry, minibatches)
+            return jax.lax.scan(update_step, carry, minibatches)
 
-        key, perm_key = jax.random.split(runner.key)
-        learner = (runner.params, runner.opt_state, runner.skip_step)
+        key, perm_key = jax.random.split(state.key)
+        learner = (state.params, state.opt_state, state.skip_step)
         (params, opt_state, skip_step), losses = jax.lax.scan(
             update_epoch, learner, jax.random.split(perm_key, config.update_epochs)
         )
@@ -533,11 +531,11 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics = jax.lax.pmean(metrics, devices.DEVICE_AXIS)
         # R - V over every device's batch
         metrics.update(residual_metrics(targets - traj.value, targets))
-        metrics.update(envs.episode_metrics(runner.episode_stats, devices.DEVICE_AXIS))
+        metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
         # --normalize-obs: this epoch's observations (each window's newest), every device's, join
         # the statistics
-        obs_stats = envs.update_obs_stats(runner.obs_stats, traj.obs[:, :, -1, :-1])
-        return runner._replace(
+        obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs[:, :, -1, :-1])
+        return state._replace(
             params=params, opt_state=opt_state, obs_stats=obs_stats, skip_step=skip_step, key=key
         ), metrics
 
@@ -575,11 +573,8 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
     )
     template = jax.eval_shape(devices.map_init(trainer.init), keys, values)
     state, epoch = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), template)
-    # [runs, ...]
-    policy, key = (
-        trainer.policy(devices.unreplicate(state)),
-        jax.random.fold_in(eval_key, epoch),
-    )
+    policy = trainer.policy(devices.unreplicate(state))  # [runs, ...]
+    key = jax.random.fold_in(eval_key, epoch)
     dist = make_distribution(trainer.env.action_space(trainer.env_params))
     returns = {}
     for depth in range(1, config.n_layers + 1):

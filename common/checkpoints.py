@@ -124,8 +124,13 @@ def load(path: Path, template):
     )
     meta, leaves = _read(path, leaves=True)
     want, treedef = jax.tree.flatten(template)
+    saved_treedef = meta["treedef"]
+    old_treedef = jax.tree.structure(_renamed(template, {new: old for old, new in RENAMED.items()}))
+    if str(treedef) != saved_treedef and str(old_treedef) == saved_treedef:  # before `RENAMED`
+        leaves = jax.tree.leaves(_renamed(jax.tree.unflatten(old_treedef, leaves), RENAMED))
+        saved_treedef = str(treedef)
     # e.g. obs_stats beside the state, not in it
-    if len(want) != len(leaves) or str(treedef) != meta["treedef"]:
+    if len(want) != len(leaves) or str(treedef) != saved_treedef:
         raise cli.ConfigError(
             f"checkpoint {path} holds a different state structure than this script builds: it "
             f"was written by an older layout of this script's state (or with other flags, or by "
@@ -147,6 +152,23 @@ def load(path: Path, template):
                 f"{tuple(w.shape)} {np.dtype(w.dtype)}; {fix}"
             )
     return jax.tree.unflatten(treedef, leaves), int(meta["epoch"])
+
+
+# Parameter keys renamed to the vocabulary of the other scripts: old -> new. A checkpoint written
+# before reads under the new names.
+RENAMED = {"body": "torso"}  # dqn_value's torso
+
+
+def _renamed(tree, names: dict):
+    """`tree` with its dict keys renamed by `names` (a pytree of dicts, lists, tuples, NamedTuples;
+    other nodes are left as they are)."""
+    if isinstance(tree, dict):
+        return {names.get(k, k): _renamed(v, names) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(_renamed(v, names) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_renamed(v, names) for v in tree)
+    return tree
 
 
 def _read(path: Path, leaves: bool):

@@ -251,9 +251,8 @@ class Layout(NamedTuple):
     n_devices: int  # devices the environments are split over (every host's)
     envs_per_device: int
     rollout_size: int  # transitions of one device and seed per epoch: envs_per_device * num_steps
-    steps_per_epoch: (
-        int  # environment steps of one seed per epoch, all devices: num_envs * num_steps
-    )
+    # environment steps of one seed per epoch, all devices: num_envs * num_steps
+    steps_per_epoch: int
     num_epochs: int  # total_steps // steps_per_epoch
 
 

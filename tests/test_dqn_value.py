@@ -170,7 +170,7 @@ def test_epsilon_schedule():
 # ----------------------------------------------------------------------------
 def np_q(params, obs):
     x = np.asarray(obs, np.float64)
-    for layer in params["body"]:
+    for layer in params["torso"]:
         x = np.maximum(x @ np.asarray(layer["w"], np.float64) + np.asarray(layer["b"]), 0.0)
     return x @ np.asarray(params["head"]["w"], np.float64) + np.asarray(params["head"]["b"])
 

@@ -239,7 +239,7 @@ GAE = {
             )[1][0].items()
             if k in PPO_KEYS
         },
-        lambda rollout: rollout.runner,
+        lambda rollout: rollout.state,
     ),
 }
 
@@ -401,7 +401,7 @@ def test_reinforce_epoch():
     # G_t: at every episode end, truncated or terminated, G = r (REINFORCE does not bootstrap: SPEC
     # 3.2)
     rewards = traj.reward / np_reward_scale(
-        before.reward_stats, rollout.runner.reward_stats, traj.reward, traj.done, config.gamma
+        before.reward_stats, rollout.state.reward_stats, traj.reward, traj.done, config.gamma
     )
     returns = np_returns(rewards, traj.done, config.gamma)
     weights = rollout.weights + rollout.return_mean
@@ -523,10 +523,10 @@ def awr_setup(c, state, rollout):
     """Per device: the replay rows the epoch stored, observations and rewards normalized, how many
     are filled."""
     config, trainer = c.config, c.trainer
-    before, replay = devices_of(state), devices_of(rollout).runner.replay
+    before, replay = devices_of(state), devices_of(rollout).state.replay
     # --normalize-reward: one scale for every device, from all their returns (their statistics are
     # merged)
-    traj, after = devices_of(rollout).traj, devices_of(rollout).runner.reward_stats
+    traj, after = devices_of(rollout).traj, devices_of(rollout).state.reward_stats
     cat = lambda x: np.concatenate(list(x), -1)  # noqa: E731  [D, ..., B] -> [..., D * B]
 
     def seen(s):
@@ -674,7 +674,7 @@ def test_awr_epoch():
     c = awr_compiled(**flags)
     state, rollout, metrics = awr_state(**flags)
     before, rows, n_valid, N, dist = awr_setup(c, state, rollout)
-    config, after = c.config, devices_of(rollout).runner
+    config, after = c.config, devices_of(rollout).state
     assert np.abs(before.obs_stats.var - 1).max() > 0.1
     traj = devices_of(rollout).traj  # this epoch's steps, every device's environments side by side
     cat = lambda x: np.concatenate(list(x), 1)  # noqa: E731  [D, T, B, ...] -> [T, D * B, ...]
