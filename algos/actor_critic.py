@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import sys
 import typing
 from typing import Literal, NamedTuple
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import chex
 import jax

@@ -18,11 +18,7 @@ a_k) - mean_k Q(s, a_k).
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 from typing import Literal, NamedTuple
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import chex
 import jax

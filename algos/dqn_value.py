@@ -24,11 +24,7 @@ in a ring of a few slots per environment (one per time limit the ring spans).
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 from typing import Literal, NamedTuple
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import chex
 import jax

@@ -12,11 +12,7 @@ minibatches -- is one compiled function; Python only loops over epochs.
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 from typing import Literal, NamedTuple
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import chex
 import jax

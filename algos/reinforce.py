@@ -14,11 +14,7 @@ the returns and the Adam steps -- is one compiled function.
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 from typing import Literal, NamedTuple
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import chex
 import jax

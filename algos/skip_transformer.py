@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import sys
 from pathlib import Path
 from typing import Literal, NamedTuple
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import chex
 import jax

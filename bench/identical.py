@@ -84,6 +84,7 @@ def run_case(code: Path, out: Path, script: str, flags: list[str]) -> None:
         **os.environ,
         "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
         "WANDB_MODE": "disabled",
+        "PYTHONPATH": str(code),  # that checkout's common/, not the one pip installed
     }
     done = subprocess.run(
         [sys.executable, f"algos/{script}.py", *flags, "--out-dir", str(out), "--overwrite"],
