@@ -141,13 +141,14 @@ def init_network(key, obs_shape: tuple, hidden: tuple, n_actions: int, conv: boo
     keys = jax.random.split(key, len(hidden) + 1)
     return {
         "torso": nets.torso_init(keys[:-1], obs_shape, hidden, conv),
-        "head": nets.dense_init(keys[-1], hidden[-1], n_actions, 1.0),
+        "value": nets.dense_init(keys[-1], hidden[-1], n_actions, 1.0),  # one per action
     }
 
 
 def network(params: dict, obs: jax.Array, activation: nets.Activation) -> jax.Array:
     """One observation -> the network's outputs, one per action `[A]` (Q = outputs * scale)."""
-    return nets.torso(params["torso"], obs, activation) @ params["head"]["w"] + params["head"]["b"]
+    x = nets.torso(params["torso"], obs, activation)
+    return x @ params["value"]["w"] + params["value"]["b"]
 
 
 # ----------------------------------------------------------------------------

@@ -156,7 +156,7 @@ def load(path: Path, template):
 
 # Parameter keys renamed to the vocabulary of the other scripts: old -> new. A checkpoint written
 # before reads under the new names.
-RENAMED = {"body": "torso"}  # dqn_value's torso
+RENAMED = {"body": "torso", "head": "value"}  # dqn_value's Q-network
 
 
 def _renamed(tree, names: dict):

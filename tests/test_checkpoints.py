@@ -113,12 +113,12 @@ def test_a_checkpoint_of_other_devices_names_the_device_flag(tmp_path, init_stat
 def test_a_checkpoint_written_before_a_key_was_renamed_loads_under_the_new_name(
     tmp_path, init_state
 ):
-    """dqn_value's "body" became "torso" (`checkpoints.RENAMED`): a checkpoint with the old key (here
-    ppo_joint's state written so: the key now sorts elsewhere, so the leaves come in another order)
-    loads into the new layout, every leaf in its place."""
+    """dqn_value's "body" and "head" became "torso" and "value" (`checkpoints.RENAMED`): a checkpoint
+    with the old keys (here ppo_joint's state written so: its keys then sort otherwise, so the leaves
+    come in another order) loads into the new layout, every leaf in its place."""
     c, state = init_state
     template = jax.eval_shape(c.init, run_keys(0))
-    old = checkpoints._renamed(host(state), {"torso": "body"})
+    old = checkpoints._renamed(host(state), {new: k for k, new in checkpoints.RENAMED.items()})
     assert jax.tree.structure(old) != jax.tree.structure(host(state))
     loaded, _ = checkpoints.load(checkpoints.save(tmp_path, old, 1), template)
     chex.assert_trees_all_equal(loaded, host(state))

@@ -172,7 +172,7 @@ def np_q(params, obs):
     x = np.asarray(obs, np.float64)
     for layer in params["torso"]:
         x = np.maximum(x @ np.asarray(layer["w"], np.float64) + np.asarray(layer["b"]), 0.0)
-    return x @ np.asarray(params["head"]["w"], np.float64) + np.asarray(params["head"]["b"])
+    return x @ np.asarray(params["value"]["w"], np.float64) + np.asarray(params["value"]["b"])
 
 
 def random_batch(seed, n=48, obs_dim=4, n_actions=3):
@@ -260,7 +260,7 @@ def test_pmean_of_half_batch_gradients_equals_full_batch():
     half, _ = jax.grad(dqn_loss, has_aux=True)(
         params, target_params, jax.tree.map(lambda x: x[:32], batch), config
     )
-    assert not np.allclose(half["head"]["w"], at(one, 0)["head"]["w"], rtol=1e-3)
+    assert not np.allclose(half["value"]["w"], at(one, 0)["value"]["w"], rtol=1e-3)
 
 
 # ----------------------------------------------------------------------------
@@ -400,7 +400,7 @@ def test_epoch_metrics_replay_collection_and_target_sync():
             now.replay.filled == min(8 * epoch, 24)
         )
         # the update happened
-        assert not np.allclose(now.params["head"]["w"], before.params["head"]["w"])
+        assert not np.allclose(now.params["value"]["w"], before.params["value"]["w"])
 
         # STORE: the rollout went where the position said; the other rows are kept
         pos = int(before.replay.position[0, 0])
@@ -437,7 +437,7 @@ def test_epoch_metrics_replay_collection_and_target_sync():
     # it); synced again at step 12 = the end of epoch 3; unchanged through epoch 4 (steps 13-16)
     chex.assert_trees_all_equal(first.target_params, init_params)
     for a, b in ((second.target_params, init_params), (second.target_params, second.params)):
-        assert not np.allclose(a["head"]["w"], b["head"]["w"])
+        assert not np.allclose(a["value"]["w"], b["value"]["w"])
     chex.assert_trees_all_equal(third.target_params, third.params)
     chex.assert_trees_all_equal(fourth.target_params, third.params)
 
@@ -449,9 +449,9 @@ def test_targets_bootstrap_from_the_target_network():
     online network, nothing changes."""
     c = compiled()
     same, shifted = c.init(run_keys(0)), c.init(run_keys(0))
-    head = shifted.target_params["head"]
+    head = shifted.target_params["value"]
     shifted = shifted._replace(
-        target_params={**shifted.target_params, "head": {**head, "b": head["b"] + 100.0}}
+        target_params={**shifted.target_params, "value": {**head, "b": head["b"] + 100.0}}
     )
     _, same = c.epoch(same)
     _, shifted = c.epoch(shifted)
@@ -470,7 +470,7 @@ def test_seeds_differ_and_repeat():
     a, b, a2 = host(a), host(b), host(a2)
     chex.assert_trees_all_equal(a, a2)
     assert not np.array_equal(a.replay.data.obs, b.replay.data.obs)
-    assert not np.allclose(a.params["head"]["w"], b.params["head"]["w"])
+    assert not np.allclose(a.params["value"]["w"], b.params["value"]["w"])
     # the seeds of one run differ too
     assert not np.array_equal(a.replay.data.obs[0, 0], a.replay.data.obs[0, 1])
 
@@ -522,7 +522,7 @@ def test_two_devices_two_seeds_resume_with_the_replay(tmp_path):
     # each device explores its own envs
     assert not np.array_equal(first.replay.data.obs, second.replay.data.obs)
     # seeds differ
-    assert not np.array_equal(first.params["head"]["w"][0], first.params["head"]["w"][1])
+    assert not np.array_equal(first.params["value"]["w"][0], first.params["value"]["w"][1])
 
 
 @pytest.mark.parametrize(
