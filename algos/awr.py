@@ -558,7 +558,7 @@ def make_trainer(config: Config) -> run.Trainer:
 
         return jax.lax.scan(step, (params, opt_state), jax.random.split(key, n_steps))
 
-    def rollout(state: RunnerState) -> Rollout:
+    def before_policy_update(state: RunnerState) -> Rollout:
         def norm(obs):  # --normalize-obs off: the identity
             return envs.normalize_obs(state.obs_stats, obs)
 
@@ -592,7 +592,8 @@ def make_trainer(config: Config) -> run.Trainer:
         # the target copy).
         targets = targets_of(state.critic, rows, valid, target_key)
 
-        # CRITIC: L2 regression of V(s_t), or Q(s_t, a_t) on the taken action, on the returns.
+        # UPDATE the critic: L2 regression of V(s_t), or Q(s_t, a_t) on the taken action, on the
+        # returns.
         def critic_loss(params, idx):
             pred = critic(
                 params, rows.obs[idx], rows.action[idx][:, None] if config.q_value else None
@@ -626,10 +627,10 @@ def make_trainer(config: Config) -> run.Trainer:
         )
 
     def epoch(state: RunnerState):
-        r = rollout(state)  # COLLECT, STORE, TARGETS, CRITIC
+        r = before_policy_update(state)  # COLLECT, STORE, TARGETS, the critic's UPDATE
         state, t, n_valid = r.state, r.targets, r.state.replay.filled * layout.rollout_size
 
-        # POLICY: weighted log-likelihood of the K actions per state.
+        # UPDATE the policy: weighted log-likelihood of the K actions per state.
         def batch(idx):
             return r.rows.obs[idx], t.actions[idx], t.weights[idx], t.mask[idx], t.log_mu[idx]
 
@@ -673,7 +674,7 @@ def make_trainer(config: Config) -> run.Trainer:
         policy=lambda s: envs.Policy(params=s.policy, obs_stats=s.obs_stats),
         steps_per_epoch=layout.steps_per_epoch,
         num_epochs=layout.num_epochs,
-        rollout=rollout,
+        rollout=before_policy_update,
     )
 
 

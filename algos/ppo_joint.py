@@ -35,7 +35,7 @@ class Config(cli.RunConfig):
     """parallel environments (split over devices)"""
     num_steps: int = 128
     """steps per environment per epoch (rollout length T)"""
-    update_epochs: int = 4
+    update_passes: int = 4
     """passes over each rollout"""
     num_minibatches: int = 4
     """minibatches per pass (must divide the per-device batch num_envs / n_devices * num_steps)"""
@@ -74,7 +74,7 @@ class Config(cli.RunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("num_envs", "num_steps", "update_epochs", "num_minibatches"):
+        for name in ("num_envs", "num_steps", "update_passes", "num_minibatches"):
             cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
         cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
@@ -242,7 +242,7 @@ def make_trainer(config: Config) -> run.Trainer:
     )
     obs_shape = tuple(env.observation_space(env_params).shape)
     conv = nets.uses_conv(config.torso, obs_shape)
-    n_updates = layout.num_epochs * config.update_epochs * config.num_minibatches
+    n_updates = layout.num_epochs * config.update_passes * config.num_minibatches
     lr = optax.linear_schedule(config.lr, 0.0, n_updates) if config.anneal_lr else config.lr
     clip = (
         optax.identity()
@@ -338,7 +338,7 @@ def make_trainer(config: Config) -> run.Trainer:
         collected = rollout(state)  # COLLECT and ADVANTAGES
         state, traj = collected.state, collected.traj
 
-        # UPDATE: update_epochs passes of num_minibatches Adam steps; gradients averaged over
+        # UPDATE: update_passes passes of num_minibatches Adam steps; gradients averaged over
         # devices.
         def flat(x):  # [T, B, ...] -> [T*B, ...]
             return x.reshape((layout.rollout_size,) + x.shape[2:])
@@ -355,7 +355,7 @@ def make_trainer(config: Config) -> run.Trainer:
             ),
         )
 
-        def update_epoch(carry, key):
+        def update_pass(carry, key):
             order = jax.random.permutation(key, layout.rollout_size)
             minibatches = jax.tree.map(
                 lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch
@@ -364,9 +364,9 @@ def make_trainer(config: Config) -> run.Trainer:
 
         key, perm_key = jax.random.split(state.key)
         (params, opt_state), losses = jax.lax.scan(
-            update_epoch,
+            update_pass,
             (state.params, state.opt_state),
-            jax.random.split(perm_key, config.update_epochs),
+            jax.random.split(perm_key, config.update_passes),
         )
 
         # METRICS: scalar means, identical on every device.

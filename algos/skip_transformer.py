@@ -51,7 +51,7 @@ class Config(cli.RunConfig):
     """parallel environments (split over devices)"""
     num_steps: int = 128
     """steps per environment per epoch (rollout length T)"""
-    update_epochs: int = 4
+    update_passes: int = 4
     """passes over each rollout"""
     num_minibatches: int = 4
     """minibatches per pass (must divide the per-device batch num_envs / n_devices * num_steps)"""
@@ -104,7 +104,7 @@ class Config(cli.RunConfig):
         for name in (
             "num_envs",
             "num_steps",
-            "update_epochs",
+            "update_passes",
             "num_minibatches",
             "context_len",
             "d_model",
@@ -383,7 +383,7 @@ def make_trainer(config: Config) -> run.Trainer:
     )
     env = envs.ContextWindow(env, env_params, config.context_len)
     dist = make_distribution(env.action_space(env_params))
-    n_updates = layout.num_epochs * config.update_epochs * config.num_minibatches
+    n_updates = layout.num_epochs * config.update_passes * config.num_minibatches
     lr = optax.linear_schedule(config.lr, 0.0, n_updates) if config.anneal_lr else config.lr
     clip = (
         optax.identity()
@@ -486,7 +486,7 @@ def make_trainer(config: Config) -> run.Trainer:
             ),
         )
 
-        # UPDATE: update_epochs passes of num_minibatches Adam steps, each running ONE random depth
+        # UPDATE: update_passes passes of num_minibatches Adam steps, each running ONE random depth
         # drawn from depth_key: the same key on every device, and the first seed's draw serves every
         # seed (skipping.first_copy), so the lax.cond predicate is unbatched and skipped blocks do
         # not run. Gradients averaged over devices.
@@ -507,7 +507,7 @@ def make_trainer(config: Config) -> run.Trainer:
             )
             return (optax.apply_updates(params, updates), opt_state, next_step), metrics
 
-        def update_epoch(carry, key):
+        def update_pass(carry, key):
             order = jax.random.permutation(key, layout.rollout_size)
             minibatches = jax.tree.map(
                 lambda x: x[order].reshape((config.num_minibatches, -1) + x.shape[1:]), batch
@@ -517,7 +517,7 @@ def make_trainer(config: Config) -> run.Trainer:
         key, perm_key = jax.random.split(state.key)
         learner = (state.params, state.opt_state, state.skip_step)
         (params, opt_state, skip_step), losses = jax.lax.scan(
-            update_epoch, learner, jax.random.split(perm_key, config.update_epochs)
+            update_pass, learner, jax.random.split(perm_key, config.update_passes)
         )
 
         # METRICS: scalar means, identical on every device.
@@ -562,15 +562,10 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
     The program and episodes of run.train's final evaluation, one per depth (full depth: the same
     numbers)."""
     _, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
+    _, eval_key = jax.random.split(rng)  # as run.train splits it
     # the checkpoint holds every host's devices, as run.train splits the run
     n_devices *= jax.process_count()
-    init_key, eval_key = jax.random.split(rng)
-    trainer, keys, values = sweep.build(
-        dataclasses.replace(config, n_devices=n_devices), make_trainer, n_devices, init_key
-    )
-    template = jax.eval_shape(devices.map_init(trainer.init), keys, values)
-    state, epoch = checkpoints.load(checkpoints.latest(run_dir / "checkpoints"), template)
-    policy = trainer.policy(devices.unreplicate(state))  # [runs, ...]
+    trainer, policy, epoch = checkpoints.load_policy(run_dir, config, make_trainer, n_devices)
     key = jax.random.fold_in(eval_key, epoch)
     dist = make_distribution(trainer.env.action_space(trainer.env_params))
     returns = {}
@@ -595,7 +590,7 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
 def main(argv=None) -> dict:
     """run.main, plus the greedy return at every depth (printed, and added to summary.json)."""
     config = cli.parse_config(Config, argv, __doc__.split("\n\n")[0])
-    per_epoch = config.update_epochs * config.num_minibatches
+    per_epoch = config.update_passes * config.num_minibatches
     grad_steps = config.total_steps // (config.num_envs * config.num_steps) * per_epoch
     unskipped = skipping.steps_without_skipping(config.n_layers, config.skip_warmup_steps)
     if config.skip_fraction and grad_steps <= unskipped:  # the same run for every --skip-fraction

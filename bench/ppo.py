@@ -64,7 +64,7 @@ def ours_cmd(seed: int, out_dir: Path, cold: bool) -> list[str]:
         str(c["num_envs"]),
         "--num-steps",
         str(c["num_steps"]),
-        "--update-epochs",
+        "--update-passes",
         str(c["update_epochs"]),
         "--num-minibatches",
         str(c["num_minibatches"]),

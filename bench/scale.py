@@ -45,7 +45,7 @@ def measure(n: int, scratch: Path, timeout: float) -> dict:
             *sizes,
             "--num-steps",
             str(T),
-            "--update-epochs",
+            "--update-passes",
             str(EPOCHS),
             "--num-minibatches",
             str(MINIBATCHES),

@@ -225,6 +225,20 @@ def resume(run_dir: Path, template, hosts: int):
 # ----------------------------------------------------------------------------
 # A saved run's policy
 # ----------------------------------------------------------------------------
+def load_policy(run_dir: Path, config, make_trainer: Callable, n_devices: int):
+    """`(trainer, policy, epoch)` of a saved run's newest checkpoint: `make_trainer(config)` for the
+    run's `n_devices` (every host's) and every run's policy as device 0 holds it, `[runs, ...]`."""
+    trainer, keys, values = sweep.build(
+        dataclasses.replace(config, n_devices=n_devices),
+        make_trainer,
+        n_devices,
+        jax.random.PRNGKey(0),  # the keys' shapes make the template; their values do not matter
+    )
+    template = jax.eval_shape(devices.map_init(trainer.init), keys, values)
+    state, epoch = load(latest(run_dir / "checkpoints"), template)
+    return trainer, devices.unreplicate(trainer.policy(state)), epoch
+
+
 def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = None) -> Callable:
     """The greedy policy of a saved run: `act(obs, key=None) -> action`.
 
@@ -243,14 +257,7 @@ def load_agent(run_dir, config_cls, make_trainer: Callable, seed: int | None = N
     cli.require(ckpt is not None, f"{run_dir}: no checkpoint in {run_dir / 'checkpoints'}")
     # the state's leading axis: the run's devices
     n_devices = _read(ckpt, leaves=False)[0]["leaves"][0][0][0]
-    trainer, keys, values = sweep.build(
-        dataclasses.replace(config, n_devices=n_devices),
-        make_trainer,
-        n_devices,
-        jax.random.PRNGKey(0),
-    )
-    state, _ = load(ckpt, jax.eval_shape(devices.map_init(trainer.init), keys, values))
-    params = jax.tree.map(lambda x: x[0], trainer.policy(state))  # as held by device 0: [runs, ...]
+    trainer, params, _ = load_policy(run_dir, config, make_trainer, n_devices)
     runs = sweep.n_runs(config)
     if seed is not None or runs == 1:
         cli.require(

@@ -211,6 +211,7 @@ RENAMED = {
     "policy_train_steps": "policy_steps",
     "value_train_steps": "value_steps",
     "train_steps": "update_steps",
+    "update_epochs": "update_passes",  # an epoch is one rollout and its updates
     "policy_lr_schedule": "anneal_lr",  # linear: true, constant: false
     "value_lr_schedule": "anneal_lr",
 }

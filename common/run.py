@@ -54,8 +54,9 @@ class Trainer(NamedTuple):
     has `observe(window, obs, first) -> window`, `window_shape`
     and `raw_obs_shape`, so that `checkpoints.load_agent` can keep windows for a caller.
     `rollout(state)`, where a script has it, returns what `epoch(state)` computes before
-    its update (the rollout and its targets) from the same code, so that tests can check
-    the epoch's wiring; it runs under `devices.map_epoch` as `epoch` does.
+    its (policy's) update -- the rollout and its targets; in awr also the critic's update,
+    which comes first -- from the same code, so that tests can check the epoch's wiring; it
+    runs under `devices.map_epoch` as `epoch` does.
     """
 
     init: Callable

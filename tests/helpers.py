@@ -123,7 +123,7 @@ def np_log_softmax(logits):
 # ----------------------------------------------------------------------------
 SCRIPTS = ["ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer"]
 TINY_BY_SCRIPT = {
-    "ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2),
+    "ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_passes=2),
     "awr": dict(
         num_envs=4,
         num_steps=16,
@@ -139,7 +139,7 @@ TINY_BY_SCRIPT = {
     "reinforce": dict(num_envs=4, num_steps=16, batch_size=32),
     "dqn_value": dict(num_envs=4, num_steps=4, update_steps=4, batch_size=8, n_replay_epochs=3),
     "skip_transformer": dict(
-        num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, skip_warmup_steps=0
+        num_envs=4, num_steps=16, num_minibatches=2, update_passes=1, skip_warmup_steps=0
     ),
 }
 
@@ -159,7 +159,7 @@ def quick_compile(make_trainer, config, keys):
 # A tiny ppo_joint trainer, compiled once per test process
 # ----------------------------------------------------------------------------
 # 4 envs x 32 steps: random CartPole episodes (about 20 steps) finish inside one epoch.
-TINY = dict(num_envs=4, num_steps=32, num_minibatches=2, update_epochs=2, total_steps=4 * 32 * 20)
+TINY = dict(num_envs=4, num_steps=32, num_minibatches=2, update_passes=2, total_steps=4 * 32 * 20)
 NUM_SEEDS = 2
 
 

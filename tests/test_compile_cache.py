@@ -28,12 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # 0.4 and 0.5 part in epoch 2 (layer 1 is skipped when its uniform draw u < skip_fraction / 2 after
 # warmup).
 TINY = (
-    "--num-envs 4 --num-steps 32 --total-steps 1280 --update-epochs 2 --num-minibatches 2 "
+    "--num-envs 4 --num-steps 32 --total-steps 1280 --update-passes 2 --num-minibatches 2 "
     "--context-len 3 --d-model 8 --d-ff 16 --n-layers 2 --skip-warmup-steps 4 --eval-every 0 "
     "--eval-episodes 2 --checkpoint-every 1000"
 ).split()
 PPO_TINY = (
-    "--num-envs 4 --num-steps 16 --total-steps 256 --update-epochs 2 --num-minibatches 2 "
+    "--num-envs 4 --num-steps 16 --total-steps 256 --update-passes 2 --num-minibatches 2 "
     "--eval-every 0 --eval-episodes 2"
 ).split()
 

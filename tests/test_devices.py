@@ -167,11 +167,11 @@ def test_no_script_compiles_a_lapack_call(name):
 
 # Small configurations: one epoch of each script is a few hundred steps.
 SMALL = {
-    "ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2),
+    "ppo_joint": dict(num_envs=4, num_steps=16, num_minibatches=2, update_passes=2),
     "actor_critic": dict(
         num_envs=4, num_steps=16, policy_batch_size=32, value_batch_size=32, value_steps=4
     ),
-    "skip_transformer": dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1),
+    "skip_transformer": dict(num_envs=4, num_steps=16, num_minibatches=2, update_passes=1),
 }
 
 
@@ -199,7 +199,7 @@ def test_value_metrics_count_every_devices_batch(name):
 # Every script's epoch with full-batch updates: each update step sees every transition of its device
 # (and the gradient of a mean over equal halves is the mean of the halves' gradients).
 WHOLE_BATCH = {
-    "ppo_joint": lambda envs, steps: dict(num_minibatches=1, update_epochs=2),
+    "ppo_joint": lambda envs, steps: dict(num_minibatches=1, update_passes=2),
     "awr": lambda envs, steps: dict(
         n_replay_epochs=1,
         policy_steps=2,
@@ -221,7 +221,7 @@ WHOLE_BATCH = {
         eps_min=0.0,
     ),
     "skip_transformer": lambda envs, steps: dict(
-        num_minibatches=1, update_epochs=2, skip_warmup_steps=0
+        num_minibatches=1, update_passes=2, skip_warmup_steps=0
     ),
 }
 PER_DEVICE_BATCH = ("awr",)  # batch sizes counted per device

@@ -148,7 +148,7 @@ def test_reward_stats_follow_each_environments_discounted_return_across_rollouts
 # ----------------------------------------------------------------------------
 STEPS = 4 * 16 * 6
 SCRIPTS = {
-    "ppo_joint": (ppo_joint, dict(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2)),
+    "ppo_joint": (ppo_joint, dict(num_envs=4, num_steps=16, num_minibatches=2, update_passes=2)),
     "actor_critic": (
         actor_critic,
         dict(
@@ -198,7 +198,7 @@ SCRIPTS = {
         dict(
             num_envs=4,
             num_steps=16,
-            update_epochs=2,
+            update_passes=2,
             num_minibatches=2,
             context_len=3,
             d_model=8,
@@ -373,7 +373,7 @@ RUN = dict(
     num_envs=4,
     num_steps=16,
     num_minibatches=2,
-    update_epochs=2,
+    update_passes=2,
     total_steps=4 * 16 * 6,
     num_seeds=2,
     n_devices=1,

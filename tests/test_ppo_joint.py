@@ -257,7 +257,7 @@ class EpochVariantsTest(chex.TestCase):
         assert_trees_differ(new_state.params, state.params)
         counts = [x for x in jax.tree.leaves(new_state.opt_state) if x.dtype == jnp.int32]
         assert counts and all(
-            np.all(np.asarray(x) == TINY["update_epochs"] * TINY["num_minibatches"]) for x in counts
+            np.all(np.asarray(x) == TINY["update_passes"] * TINY["num_minibatches"]) for x in counts
         )
         assert not np.array_equal(new_state.key, state.key)
 
@@ -337,7 +337,7 @@ def test_different_seeds_differ_in_params_and_trajectories():
 
 @pytest.mark.parametrize("std", ["param", "network"])
 def test_pendulum_epoch(std):
-    c = compiled(env="Pendulum-v1", num_steps=16, update_epochs=1, std=std)
+    c = compiled(env="Pendulum-v1", num_steps=16, update_passes=1, std=std)
     state = c.init(run_keys(0))
     before = host(state.params)
     assert ("log_std" in before["policy"]) == (std == "param")
@@ -440,7 +440,7 @@ def test_bad_input_rejected_by_make_trainer(overrides, match):
     [
         (dict(num_envs=0), "--num-envs"),
         (dict(num_minibatches=0), "--num-minibatches"),
-        (dict(update_epochs=0), "--update-epochs"),
+        (dict(update_passes=0), "--update-passes"),
         (dict(lr=0.0), "--lr 0.0"),
         (dict(gamma=1.5), "--gamma 1.5"),
         (dict(gae_lambda=-0.1), "--gae-lambda -0.1"),

@@ -225,7 +225,7 @@ def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path):
         num_envs=4,
         num_steps=16,
         num_minibatches=2,
-        update_epochs=2,
+        update_passes=2,
         total_steps=128,
         num_seeds=2,
         sweep=("lr=0.01,0.001",),

@@ -297,7 +297,7 @@ RUN = dict(
     num_envs=4,
     num_steps=16,
     num_minibatches=2,
-    update_epochs=2,
+    update_passes=2,
     total_steps=4 * 16 * 6,
     num_seeds=2,
     eval_every=3,
@@ -432,7 +432,7 @@ import sys
 sys.path.insert(0, {root!r})
 from algos import ppo_joint
 from common import run
-config = ppo_joint.Config(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, num_seeds=2, n_devices=2,
+config = ppo_joint.Config(num_envs=4, num_steps=16, num_minibatches=2, update_passes=1, num_seeds=2, n_devices=2,
                           total_steps=128, eval_episodes=2, compile_cache=False, out_dir={out!r})
 print("epochs", run.train(config, ppo_joint.make_trainer).summary["epoch"])
 """

@@ -209,7 +209,7 @@ def test_a_gradient_step_count_past_32_bits_is_one_line(tmp_path):
             "num_envs": 1,
             "num_steps": 1,
             "num_minibatches": 1,
-            "update_epochs": 100,
+            "update_passes": 100,
         }
     )
     with pytest.raises(
@@ -266,7 +266,7 @@ RUN = dict(
     num_envs=4,
     num_steps=16,
     num_minibatches=2,
-    update_epochs=1,
+    update_passes=1,
     total_steps=4 * 16 * 3,
     eval_every=0,
     eval_episodes=2,

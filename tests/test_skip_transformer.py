@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(
     num_envs=4,
     num_steps=32,
-    update_epochs=2,
+    update_passes=2,
     num_minibatches=2,
     total_steps=4 * 32 * 20,
     context_len=3,
@@ -237,7 +237,7 @@ def compiled(**overrides) -> Compiled:
 
 def drawn_layers(depth_key, first_step: int, config: Config) -> float:
     """Mean blocks run over one epoch's gradient steps, drawn as the epoch draws them."""
-    steps = range(first_step, first_step + config.update_epochs * config.num_minibatches)
+    steps = range(first_step, first_step + config.update_passes * config.num_minibatches)
     return np.mean(
         [
             skipping.layers_run(
@@ -279,7 +279,7 @@ def test_epoch_every_seed_runs_the_depths_of_the_first_seed():
     state = c.init(run_keys(0))
     # each seed has its own key...
     assert not np.array_equal(state.depth_key[0, 0], state.depth_key[0, 1])
-    per_epoch = c.config.update_epochs * c.config.num_minibatches
+    per_epoch = c.config.update_passes * c.config.num_minibatches
     layers, params = [], host(state.params)
     for e in range(3):
         depth_key = host(state.depth_key)  # the epoch donates (deletes) its input state
@@ -384,7 +384,7 @@ CLI_TINY = [
     "32",
     "--total-steps",
     "1280",
-    "--update-epochs",
+    "--update-passes",
     "2",
     "--num-minibatches",
     "2",

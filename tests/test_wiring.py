@@ -186,7 +186,7 @@ PPO_KEYS = ("loss/joint", "loss/policy", "loss/value", "policy/entropy")
 GAE = {
     "ppo_joint": GaeScript(
         ppo_joint,
-        dict(update_epochs=1, num_minibatches=1, hidden=(16,), gae_lambda=0.8),
+        dict(update_passes=1, num_minibatches=1, hidden=(16,), gae_lambda=0.8),
         envs.normalize_obs,
         lambda config, runner, dist, x: jax.vmap(ppo_joint.network, (None, 0, None, None))(
             runner.params, x, dist, config.activation
@@ -220,7 +220,7 @@ GAE = {
         st,
         dict(
             env="CartPole-v1",
-            update_epochs=1,
+            update_passes=1,
             num_minibatches=1,
             context_len=3,
             d_model=8,
