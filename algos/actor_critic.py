@@ -91,7 +91,8 @@ class Config(cli.RunConfig):
     over devices, per seed, saved in checkpoints), clipped to +-10"""
     normalize_reward: bool = True
     """divide the learner's rewards by a running std of the discounted return where above 1 (kept
-    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw rewards)"""
+    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw
+    rewards)"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -481,9 +482,8 @@ def make_trainer(config: Config) -> run.Trainer:
             greedy_action=dist.mode(inputs),
         )
         episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
-        return state._replace(
-            env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
-        ), transition
+        state = state._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key)
+        return state, transition
 
     def rollout(state: RunnerState) -> Rollout:
         # COLLECT: T steps of B environments under the current policy (the value net first takes its
@@ -596,14 +596,15 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
         # --normalize-obs: every device's obs join
         obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs)
-        return state._replace(
+        state = state._replace(
             policy_params=policy_params,
             value_params=value_params,
             obs_stats=obs_stats,
             policy_opt_state=policy_opt_state,
             value_opt_state=value_opt_state,
             key=key,
-        ), metrics
+        )
+        return state, metrics
 
     def act(policy: envs.Policy, obs, key):
         del key  # greedy

@@ -95,7 +95,8 @@ class Config(cli.RunConfig):
     checkpointed)"""
     normalize_reward: bool = True
     """divide the learner's rewards by a running std of the discounted return where above 1 (kept
-    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw rewards)"""
+    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw
+    rewards)"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -429,9 +430,8 @@ def make_trainer(config: Config) -> run.Trainer:
             next_inputs=inputs,
         )
         stats = envs.update_episode_stats(state.episode_stats, reward, done)
-        return state._replace(
-            env_state=env_state, obs=obs, episode_stats=stats, key=key
-        ), transition
+        state = state._replace(env_state=env_state, obs=obs, episode_stats=stats, key=key)
+        return state, transition
 
     def init(key):
         # same on every device
@@ -655,9 +655,10 @@ def make_trainer(config: Config) -> run.Trainer:
         obs_stats = (
             envs.update_obs_stats(state.obs_stats, r.traj.obs) if config.normalize_obs else None
         )
-        return state._replace(
+        state = state._replace(
             policy=policy, policy_opt_state=policy_opt_state, obs_stats=obs_stats
-        ), metrics
+        )
+        return state, metrics
 
     def act(policy: envs.Policy, obs, key):  # greedy: no key needed
         inputs = policy_net(

@@ -478,9 +478,10 @@ def make_trainer(config: Config) -> run.Trainer:
                 final_obs=info["final_observation"],
             )
             episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
-            return state._replace(
+            state = state._replace(
                 env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
-            ), transition
+            )
+            return state, transition
 
         state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
@@ -516,9 +517,10 @@ def make_trainer(config: Config) -> run.Trainer:
                 lambda t, p: jnp.where(step % config.sync_freq == 0, p, t), target_params, params
             )
             metrics["optim/grad_norm"] = optax.tree.norm(grads)
-            return state._replace(
+            state = state._replace(
                 params=params, target_params=target_params, opt_state=opt_state, step=step
-            ), metrics
+            )
+            return state, metrics
 
         state, losses = jax.lax.scan(update_step, state, batches)
 

@@ -70,7 +70,8 @@ class Config(cli.RunConfig):
     over devices, per seed, saved in checkpoints), clipped to +-10"""
     normalize_reward: bool = True
     """divide the learner's rewards by a running std of the discounted return where above 1 (kept
-    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw rewards)"""
+    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw
+    rewards)"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -298,9 +299,8 @@ def make_trainer(config: Config) -> run.Trainer:
             greedy_action=dist.mode(inputs),
         )
         episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
-        return state._replace(
-            env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
-        ), transition
+        state = state._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key)
+        return state, transition
 
     def rollout(state: RunnerState) -> Rollout:
         # COLLECT: T steps of B environments under the current policy.
@@ -383,9 +383,8 @@ def make_trainer(config: Config) -> run.Trainer:
         obs_stats = (
             envs.update_obs_stats(state.obs_stats, traj.obs) if config.normalize_obs else None
         )
-        return state._replace(
-            params=params, opt_state=opt_state, obs_stats=obs_stats, key=key
-        ), metrics
+        state = state._replace(params=params, opt_state=opt_state, obs_stats=obs_stats, key=key)
+        return state, metrics
 
     def act(policy: envs.Policy, obs, key):
         del key  # greedy

@@ -257,9 +257,10 @@ def make_trainer(config: Config) -> run.Trainer:
                 greedy_action=dist.mode(inputs),
             )
             episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
-            return state._replace(
+            state = state._replace(
                 env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
-            ), transition
+            )
+            return state, transition
 
         state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
@@ -306,9 +307,10 @@ def make_trainer(config: Config) -> run.Trainer:
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             metrics["optim/grad_norm"] = optax.tree.norm(grads)
-            return state._replace(
+            state = state._replace(
                 params=optax.apply_updates(state.params, updates), opt_state=opt_state
-            ), metrics
+            )
+            return state, metrics
 
         key, step_key = jax.random.split(state.key)
         state, losses = jax.lax.scan(
@@ -329,9 +331,8 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
         # this epoch's observations, every device's, join the statistics (--normalize-obs off: None
         # stays None)
-        return state._replace(
-            obs_stats=envs.update_obs_stats(state.obs_stats, traj.obs), key=key
-        ), metrics
+        state = state._replace(obs_stats=envs.update_obs_stats(state.obs_stats, traj.obs), key=key)
+        return state, metrics
 
     def act(policy: envs.Policy, obs, key):
         del key  # greedy

@@ -97,7 +97,8 @@ class Config(cli.RunConfig):
     window rows stay 0"""
     normalize_reward: bool = True
     """divide the learner's rewards by a running std of the discounted return where above 1 (kept
-    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw rewards)"""
+    like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw
+    rewards)"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -444,9 +445,8 @@ def make_trainer(config: Config) -> run.Trainer:
                 done=done,
             )
             stats = envs.update_episode_stats(state.episode_stats, reward, done)
-            return state._replace(
-                env_state=env_state, obs=obs, episode_stats=stats, key=key
-            ), transition
+            state = state._replace(env_state=env_state, obs=obs, episode_stats=stats, key=key)
+            return state, transition
 
         state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))
         state, traj = jax.lax.scan(env_step, state, None, config.num_steps)  # [T, B, ...]
@@ -532,9 +532,10 @@ def make_trainer(config: Config) -> run.Trainer:
         # --normalize-obs: this epoch's observations (each window's newest), every device's, join
         # the statistics
         obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs[:, :, -1, :-1])
-        return state._replace(
+        state = state._replace(
             params=params, opt_state=opt_state, obs_stats=obs_stats, skip_step=skip_step, key=key
-        ), metrics
+        )
+        return state, metrics
 
     def act(policy: envs.Policy, obs, key):
         del key  # greedy

@@ -176,9 +176,9 @@ def _read(path: Path, leaves: bool):
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(bytes(data["meta"]).decode())
-            return meta, [
-                data[f"leaf_{i:05d}"] for i in range(len(meta["leaves"]))
-            ] if leaves else None
+            if not leaves:
+                return meta, None
+            return meta, [data[f"leaf_{i:05d}"] for i in range(len(meta["leaves"]))]
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as error:
         raise Corrupt(
             f"checkpoint {path} is unreadable or corrupt ({error}); delete it to fall back "

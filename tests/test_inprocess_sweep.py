@@ -187,7 +187,9 @@ PLANTS = {  # where a copy of ppo_joint.py gets the branch: make_trainer's body,
 
 
 @pytest.mark.parametrize("where, flags", [("make_trainer", ()), ("epoch", ("--ent-coef", "0.01"))])
-def test_a_python_branch_on_an_input_float_is_refused_in_one_line(tmp_path, where, flags):
+def test_a_python_branch_on_an_input_float_is_refused_in_one_line(
+    tmp_path, monkeypatch, where, flags
+):
     """Float flags are traced inputs of the programs: `if config.ent_coef > 0:` in a copy of a
     script ends, before anything is written, in one line that names the file and line, the flag and
     the fixes (and with --sweep the same)."""
@@ -199,7 +201,8 @@ def test_a_python_branch_on_an_input_float_is_refused_in_one_line(tmp_path, wher
     line = fork.read_text().splitlines().index(f"{indent}{BRANCH.strip()}") + 1
     spec = importlib.util.spec_from_file_location(fork.stem, fork)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[fork.stem] = module  # as `python ppo_fork.py` imports it (dataclasses look it up)
+    # as `python ppo_fork.py` imports it (dataclasses look it up)
+    monkeypatch.setitem(sys.modules, fork.stem, module)
     spec.loader.exec_module(module)
     for sweep_flags in ((), ("--sweep", "ent-coef=0.01,0.02")):
         out_dir = tmp_path / f"run{len(sweep_flags)}"
@@ -210,4 +213,3 @@ def test_a_python_branch_on_an_input_float_is_refused_in_one_line(tmp_path, wher
         for words in ("--ent-coef", "jnp.where", "jax.lax.cond", "STATIC_FLOATS"):
             assert words in out.stderr, (words, out.stderr)
         assert not (out_dir / "config.json").exists()
-    del sys.modules[fork.stem]
