@@ -376,7 +376,14 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
     )
     parser.given = {}  # field -> the flag that set it, as parsed
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    # --help lists the algorithm's own flags first, then those of RunConfig
+    own = parser.add_argument_group("the algorithm's flags")
+    shared = parser.add_argument_group(
+        "run flags, the same in every script (task, budget, seeds, evaluation, outputs, devices, "
+        "hosts)"
+    )
+    run_flags = {f.name for f in dataclasses.fields(RunConfig)}
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.name in run_flags):
         kind = hints[f.name]
         if typing.get_origin(kind) is types.UnionType:  # `float | None`: None unless given
             kind = next(k for k in typing.get_args(kind) if k is not type(None))
@@ -392,7 +399,7 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
             )
         else:
             spec = dict(type=kind, metavar=kind.__name__.upper(), action=_Once)
-        parser.add_argument(
+        (shared if f.name in run_flags else own).add_argument(
             f"--{f.name.replace('_', '-')}",
             dest=f.name,
             default=f.default,

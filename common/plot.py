@@ -1,10 +1,12 @@
 """Learning curves of finished or running runs, drawn to a PNG (no account, no network).
 
     python -m common.plot RUN_DIR [RUN_DIR ...] [--metric episode/return] [--out curves.png]
+    python -m common.plot runs/a runs/b --label "awr" --label "awr --q-value" --goal 475
 
 One line per run directory: the mean over the run's seeds of `--metric`
 against environment steps (per seed), read from its `metrics.jsonl`, with the
-band between the lowest and the highest seed when the run has several.
+band between the lowest and the highest seed when the run has several, and the
+`--goal` as a dashed line.
 """
 
 from __future__ import annotations
@@ -34,19 +36,21 @@ def load_curve(run_dir: Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
 
 
-def plot(run_dirs: list[Path], metric: str, out: Path) -> Path:
+def draw(curves: dict, metric: str, out: Path, goal: float | None = None, title: str = "") -> Path:
+    """Draws `curves`, `{label: (env_steps [n], values [n, num_seeds])}`, to the PNG `out`."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no screen needed
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run_dir in run_dirs:
-        steps, values = load_curve(run_dir, metric)
+    for label, (steps, values) in curves.items():
+        steps, values = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
         mean = np.nanmean(values, axis=1)
-        label = run_dir.name + (f" ({values.shape[1]} seeds)" if values.shape[1] > 1 else "")
+        seeds = values.shape[1]
+        label = label + (f" ({seeds} seeds)" if seeds > 1 else "")
         (line,) = ax.plot(steps, mean, label=label, marker="o" if len(steps) < 20 else None)
-        if values.shape[1] > 1:
+        if seeds > 1:
             ax.fill_between(
                 steps,
                 np.nanmin(values, axis=1),
@@ -55,14 +59,31 @@ def plot(run_dirs: list[Path], metric: str, out: Path) -> Path:
                 alpha=0.2,
                 linewidth=0,
             )
+    if goal is not None:
+        ax.axhline(goal, color="black", linestyle="--", linewidth=1, label=f"goal {goal:g}")
     ax.set_xlabel("environment steps (per seed)")
     ax.set_ylabel(metric)
+    if title:
+        ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def plot(
+    run_dirs: list[Path],
+    metric: str,
+    out: Path,
+    labels: list[str] | None = None,
+    goal: float | None = None,
+) -> Path:
+    """Draws each run directory's curve of `metric`, labelled by `labels` (default: its name)."""
+    labels = labels or [run_dir.name for run_dir in run_dirs]
+    curves = {label: load_curve(run_dir, metric) for label, run_dir in zip(labels, run_dirs)}
+    return draw(curves, metric, out, goal)
 
 
 def main(argv=None) -> Path:
@@ -83,13 +104,23 @@ def main(argv=None) -> Path:
         default="episode/return",
         help="metric to draw, e.g. eval/return (greedy, at evaluation epochs) or loss/value",
     )
+    parser.add_argument(
+        "--label",
+        action="append",
+        help="the legend of a run, once per RUN_DIR in their order (default: the directory's name)",
+    )
+    parser.add_argument("--goal", type=float, help="draw this value of the metric as a dashed line")
     parser.add_argument("--out", type=Path, default=Path("curves.png"), help="PNG file to write")
     args = parser.parse_args(argv)
     for run_dir in args.run_dirs:
         if not (run_dir / "metrics.jsonl").is_file():
             parser.error(f"{run_dir}: no metrics.jsonl; pass the --out-dir of a run")
+    if args.label is not None and len(args.label) != len(args.run_dirs):
+        parser.error(
+            f"{len(args.label)} --label for {len(args.run_dirs)} run directories: give one per run"
+        )
     try:
-        out = plot(args.run_dirs, args.metric, args.out)
+        out = plot(args.run_dirs, args.metric, args.out, args.label, args.goal)
     except ValueError as error:
         parser.error(str(error))
     print(f"wrote {out}")

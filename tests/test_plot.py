@@ -48,6 +48,25 @@ def test_cli_writes_a_png_of_several_runs(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_labels_and_the_goal_line_are_drawn(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    drawn = {}
+
+    def savefig(figure, out, **kwargs):
+        (ax,) = figure.axes
+        drawn["legend"] = [text.get_text() for text in ax.get_legend().get_texts()]
+        drawn["goal"] = list(ax.lines[-1].get_ydata())
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    a = fake_run(tmp_path / "a", [[float(i), float(2 * i)] for i in range(30)])
+    b = fake_run(tmp_path / "b", [[float(i)] for i in range(30)])
+    labels = ["awr", "awr --q-value --n-samples 4"]
+    plot.main([str(a), str(b), "--label", labels[0], "--label", labels[1], "--goal", "475"])
+    assert drawn["legend"] == ["awr (2 seeds)", "awr --q-value --n-samples 4", "goal 475"]
+    assert drawn["goal"] == [475.0, 475.0]
+
+
 @pytest.mark.parametrize(
     "make, args, message",
     [
@@ -56,6 +75,11 @@ def test_cli_writes_a_png_of_several_runs(tmp_path, capsys):
             lambda p: fake_run(p / "r", [[1.0]]),
             ["--metric", "eval/return"],
             "no epoch logged eval/return",
+        ),
+        (
+            lambda p: fake_run(p / "r", [[1.0]]),
+            ["--label", "a", "--label", "b"],
+            "give one per run",
         ),
     ],
 )
