@@ -1,4 +1,9 @@
-"""Helpers of the bench scripts; each script rewrites only its own section of bench/RESULTS.md."""
+"""Helpers of the bench tools; each tool rewrites only its own entry of bench/RESULTS.md.
+
+bench/RESULTS.md is organised by question ('## ' headings, the constants below); a tool's figures are
+one '### ' entry under its question, which the tool rewrites in place (a new entry goes first under
+its question: newest figures first). Entries written by hand sit between them and are left alone.
+"""
 
 from __future__ import annotations
 
@@ -13,20 +18,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "RESULTS.md"
-HEADER = "# Benchmarks\n\nMeasured by the scripts in bench/; each section is rewritten by its own script.\n"
+HEADER = "# Benchmarks\n\nMeasured by the tools in bench/ (index: bench/README.md).\n"
+# The questions of bench/RESULTS.md that a tool writes under.
+SPEED = "## Speed against peers"
+SCALE = "## Scale"
+COMPILE = "## Compile and start-up"
+ALGORITHMS = "## Our algorithms against each other"
 
 
-def write_section(section: str, body: str, path: Path = RESULTS) -> None:
-    """Replaces `section` (a '## ' heading, up to the next one) in path, or appends it (to HEADER if
-    no file)."""
+def write_section(section: str, body: str, path: Path = RESULTS, under: str | None = None) -> None:
+    """Replaces `section` (a '## ' or '### ' heading, up to the next heading of its level or above)
+    in path. A section not there yet goes first under the '## ' heading `under` (added at the end if
+    missing), or at the end of the file; a file not there yet starts with HEADER."""
     text = path.read_text() if path.exists() else HEADER
-    block = f"{section}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^{re.escape(section)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = (
-        pattern.sub(lambda _: block + "\n", text)
-        if pattern.search(text)
-        else text.rstrip() + "\n\n" + block
-    )
+    level = len(section) - len(section.lstrip("#"))
+    block = f"{section}\n\n{body.strip()}\n\n"
+    pattern = re.compile(rf"^{re.escape(section)}\n.*?(?=^#{{1,{level}}} |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text, count=1)
+    elif under is None:
+        text = text.rstrip() + "\n\n" + block
+    elif not (head := re.search(rf"^{re.escape(under)}\n", text, re.M)):
+        text = text.rstrip() + f"\n\n{under}\n\n" + block
+    else:  # before the question's first entry (or the next question)
+        after = re.compile(r"^#{1,3} ", re.M).search(text, head.end())
+        at = after.start() if after else len(text)
+        text = text[:at].rstrip() + "\n\n" + block + text[at:]
     path.write_text(text.rstrip() + "\n")
 
 

@@ -12,8 +12,8 @@ for _flag in ["--xla_force_host_platform_device_count=2", "--xla_cpu_use_fusion_
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# The tree under test, not the one pip installed (a copy of the tree, as bench/mutations.py makes,
-# tests itself): first on this process's path and on that of every script a test starts.
+# The tree under test, not the one pip installed (a copy of the tree, as bench/dev/mutations.py
+# makes, tests itself): first on this process's path and on that of every script a test starts.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)

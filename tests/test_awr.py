@@ -1,5 +1,5 @@
 """algos/awr.py: weights, Q aggregates, sampled and enumerated actions, replay, TD(lambda), epochs,
-the CLI. Learning: tests/test_learning.py and bench/learning.py."""
+the CLI. Learning: tests/test_learning.py and bench/suite/learning.py."""
 
 import json
 import subprocess

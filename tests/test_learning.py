@@ -2,8 +2,8 @@
 program, and every seed's greedy return (8 episodes) ends far above a random policy's (about 22).
 
 The budgets are those at which all 8 seeds had passed the goal in a run with an evaluation every few
-epochs (bench/RESULTS.md, "Learning in CI"). The full budgets and the other tasks: bench/learning.py
-and bench/SUITE.md."""
+epochs (bench/RESULTS.md, "The test suite"). The full budgets and the other tasks:
+bench/suite/learning.py and docs/results.md."""
 
 import importlib
 

@@ -1,7 +1,7 @@
 """algos/skip_transformer.py: causal masking, depth, the PPO loss, the compiled epoch (real
 skipping, one depth for every seed and device), bad input and the CLI (learning:
 tests/test_learning.py; that the Transformer beats a memory-less policy on CartPoleNoVel-v1:
-bench/learning.py). The context window: tests/test_envs.py.
+bench/suite/learning.py). The context window: tests/test_envs.py.
 
 Sizes are tiny (4 envs x 32 steps, 2 blocks of width 8) so that a compiled epoch is cheap.
 """

@@ -1,8 +1,8 @@
 """Does a refactor change behaviour? Runs every script at two versions and compares what they end
 with.
 
-    python bench/identical.py 7ec50eb .              # a commit against this working tree
-    python bench/identical.py 7ec50eb HEAD --only awr,dqn_value
+    python bench/dev/identical.py 7ec50eb .              # a commit against this working tree
+    python bench/dev/identical.py 7ec50eb HEAD --only awr,dqn_value
 
 Each side is a commit (checked out into a temporary worktree; its outputs are
 cached under `--cache` by commit) or a directory holding a checkout (run as it

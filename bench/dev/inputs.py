@@ -1,9 +1,8 @@
 """Hyperparameters as program inputs: what a run that changes one float flag compiles, and the
 steady SPS.
 
-    python bench/inputs.py                   # compile times of this checkout, ~5 min on 2 cores
-    python bench/inputs.py --base e65a50f    # and steady SPS against a commit, interleaved, ~10 min
-    more
+    python bench/dev/inputs.py                 # compile times of this checkout, ~5 min on 2 cores
+    python bench/dev/inputs.py --base e65a50f  # and steady SPS against a commit, ~10 min more
 
 Compile times, per script: a cold run against a fresh cache directory, then
 one run per input float flag (`sweep.input_names` of the defaults) with that
@@ -18,15 +17,17 @@ SPS (`--base`): each script's default run for `SPS_STEPS` environment steps,
 the base commit (a temporary worktree) and this checkout one after the other
 in each of `--rounds` rounds, each side with a warm cache of its own; summary.json's
 `sps` (steps over the time in the epochs' calls), medians. Rewrites this
-benchmark's section of bench/RESULTS.md.
+benchmark's entry of bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata as md
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -34,11 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from results import commit, machine, write_section
+from bench.results import COMPILE, ROOT, commit, machine, write_section
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-SECTION = "## Hyperparameters as program inputs"
+SECTION = "### Hyperparameters as program inputs"
 SCRIPTS = ("ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer")
 EPOCH_STEPS = {"dqn_value": 100, "reinforce": 4096}  # others: 1024-step epochs
 SPS_STEPS = {
@@ -60,6 +59,7 @@ def train(code: Path, script: str, flags: list[str], out: Path, cache: Path) -> 
         "XDG_CACHE_HOME": str(cache),
         "WANDB_MODE": "disabled",
         "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": str(code),  # that checkout's common/, not the one pip installed
     }
     env.pop("XLA_FLAGS", None)
     done = subprocess.run(
@@ -178,10 +178,11 @@ def main(argv=None) -> None:
     load = os.getloadavg()[0]
     body = [
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `python "
-        f"bench/inputs.py{f' --base {args.base} --rounds {args.rounds}' if args.base else ''}`, "
+        f"bench/dev/inputs.py{f' --base {args.base} --rounds {args.rounds}' if args.base else ''}`, "
         f"commit {commit()}.",
         "",
         f"- Machine: {machine()}; load average at start: {load:.2f}",
+        f"- Python {platform.python_version()}, jax {md.version('jax')}, gymnax {md.version('gymnax')}",
         "",
     ]
     if not args.skip_compile:
@@ -200,7 +201,7 @@ def main(argv=None) -> None:
             *sps(args.base, args.rounds, tmp),
             "",
         ]
-    write_section(SECTION, "\n".join(body))
+    write_section(SECTION, "\n".join(body), under=COMPILE)
 
 
 if __name__ == "__main__":

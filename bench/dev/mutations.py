@@ -3,11 +3,11 @@
 Each mutation replaces one snippet of one file in a copy of the working tree
 (tracked and untracked files, as they are now), then runs the fast tests that
 should catch it (`-m "not slow" -x`). A mutation is caught when those tests
-fail. The table goes to stdout and to bench/MUTATIONS.md.
+fail. The table goes to stdout and, when every mutation ran, to bench/dev/MUTATIONS.md.
 
-    python bench/mutations.py                 # every mutation (about 20 minutes on 2 cores)
-    python bench/mutations.py --only awr-,dqn-   # names starting with awr- or dqn-
-    python bench/mutations.py --list
+    python bench/dev/mutations.py                 # every mutation (about 20 minutes on 2 cores)
+    python bench/dev/mutations.py --only awr-,dqn-   # names starting with awr- or dqn-
+    python bench/dev/mutations.py --list
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import ROOT, commit, machine, write_section
+from bench.results import ROOT, commit, machine, write_section
+
+MUTATIONS_MD = ROOT / "bench" / "dev" / "MUTATIONS.md"
 
 
 class Mutation(NamedTuple):
@@ -352,14 +353,14 @@ def main() -> None:
     caught = sum("| caught |" in r for r in rows)
     body = (
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit {commit('algos', 'common', 'tests')} "
-        f"on {machine()}, with `python bench/mutations.py{' --only ' + args.only if args.only else ''}`: "
+        f"on {machine()}, with `python bench/dev/mutations.py{' --only ' + args.only if args.only else ''}`: "
         f'**{caught} of {len(rows)} caught** by the fast tests (`-m "not slow" -x`) named for each.\n\n'
         "| mutation | file | verdict | seconds | first failing test |\n| --- | --- | --- | --- | "
         "--- |\n" + "\n".join(rows)
     )
     print(f"\n{caught} of {len(rows)} caught")
     if not args.only:
-        write_section("## Mutation check", body, ROOT / "bench" / "MUTATIONS.md")
+        write_section("## Mutation check", body, MUTATIONS_MD)
 
 
 if __name__ == "__main__":

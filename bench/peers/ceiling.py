@@ -1,9 +1,9 @@
 """Throughput ceilings: a bare jitted gymnax rollout with a 64x64 tanh MLP policy, no update; or
 the same rollout plus a PPO update's forward and backward passes at its batch shapes.
 
-    .venv/bin/python bench/ceiling.py --num-envs 5
-    .venv/bin/python bench/ceiling.py --num-envs 1024 --rollout 128 --update-epochs 4
-    --num-minibatches 4
+    .venv/bin/python bench/peers/ceiling.py --num-envs 5
+    .venv/bin/python bench/peers/ceiling.py --num-envs 1024 --rollout 128 --update-epochs 4 \
+        --num-minibatches 4
 
 N environments stepped with vmap, the policy sampling an action from its
 logits each step, lax.scan over --num-steps steps in one compiled call. With
@@ -13,7 +13,7 @@ computes, on each minibatch, the gradient of a loss of the policy logits and
 a value head on the same torso, and takes a plain SGD step: the passes of
 ppo_joint's update with nothing else (no advantages, no clipping, no
 optimiser state, no metrics). Prints one JSON line: compile_s and the median
-steady env steps/s over --reps calls.
+steady env steps/s over --reps calls. ppo.py and scale.py run it.
 """
 
 import argparse

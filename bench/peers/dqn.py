@@ -1,35 +1,40 @@
 """Benchmark our DQN (algos/dqn_value.py) against Rejax's DQN on CartPole-v1, matched work.
 
-    .venv/bin/python bench/dqn.py               # 2 rounds, ~4 min on 2 cores (Rejax ~1 min a run)
-    .venv/bin/python bench/dqn.py --runs 3
+    .venv/bin/python bench/peers/dqn.py         # 2 rounds, ~4 min on 2 cores (Rejax ~1 min a run)
+    .venv/bin/python bench/peers/dqn.py --runs 3
 
-Needs the peer venv (bench/setup_peer.sh). Every run is a separate process, so
+Needs the peer venv (bench/peers/setup_peer.sh). Every run is a separate process, so
 imports and compilation count in its wall time (measured here, from launch to
 exit). Each round runs, in this order and with seed SEED + round: ours cold
 (--no-compile-cache), Rejax, ours warm (persistent compilation cache, filled by
 one warm-up run before the first round). Prints a Markdown table and rewrites
-this benchmark's section of bench/RESULTS.md, leaving other sections alone.
+this benchmark's entry of bench/RESULTS.md, leaving the others alone.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata as md
-import json
-import os
-import platform
 import shutil
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from results import commit, launch, machine, med, write_section
+from bench.peers.runs import (
+    HERE,
+    PEER_PY,
+    launch_peer,
+    launch_run,
+    measured,
+    need_peer,
+    parser,
+    returns,
+    race,
+    shown,
+    spread,
+    verdicts,
+)
+from bench.results import SPEED, commit, med, write_section
 
-ROOT = Path(__file__).resolve().parent.parent
-PEER_PY = ROOT / "bench" / ".peer-venv" / "bin" / "python"
-SECTION = "## DQN (dqn_value) vs Rejax DQN, CartPole-v1"
+SECTION = "### DQN (dqn_value) vs Rejax DQN, CartPole-v1"
 
 # Matched work: environments, replay size, batch size, gradient steps per env step, total env steps,
 # 64x64 network. Each side keeps its own tuned choices for the rest: Rejax's CartPole config
@@ -98,7 +103,7 @@ def rejax_cmd(seed: int) -> list[str]:
     c = CONFIG
     return [
         str(PEER_PY),
-        "bench/rejax_dqn.py",
+        f"{HERE}/rejax_dqn.py",
         "--env",
         "CartPole-v1",
         "--num-envs",
@@ -124,9 +129,7 @@ def rejax_cmd(seed: int) -> list[str]:
 
 def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
     out = scratch / f"ours-{'cold' if cold else 'warm'}-{seed}"
-    shutil.rmtree(out, ignore_errors=True)
-    wall, _ = launch(ours_cmd(seed, out, cold), scratch / f"{out.name}.log", timeout)
-    s = json.loads((out / "summary.json").read_text())
+    wall, s = launch_run(ours_cmd(seed, out, cold), out, timeout)
     return {
         "wall": wall,
         "startup": wall - s["wall_time_s"],
@@ -141,8 +144,7 @@ def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
 
 
 def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
-    wall, out = launch(rejax_cmd(seed), scratch / f"rejax-{seed}.log", timeout)
-    r = json.loads(out.strip().splitlines()[-1])
+    wall, r = launch_peer(rejax_cmd(seed), scratch / f"rejax-{seed}.log", timeout)
     return {
         "wall": wall,
         "startup": r["import_s"],
@@ -163,127 +165,75 @@ def table(sides: dict[str, list[dict]]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, runs in sides.items():
-        rets = [r["ret"] for r in runs]
         rate = statistics.median(r["updates"] / r["train"] for r in runs)
-        lo_hi = lambda k, f: f"{f(min(r[k] for r in runs))}-{f(max(r[k] for r in runs))}"  # noqa: E731
         rows.append(
-            f"| {name} | {med(runs, 'wall'):.1f} ({lo_hi('wall', '{:.1f}'.format)}) | {med(runs, 'startup'):.2f} "
+            f"| {name} | {spread(runs, 'wall', '.1f')} | {med(runs, 'startup'):.2f} "
             f"| {med(runs, 'compile'):.2f} | {med(runs, 'train'):.2f} | {med(runs, 'other'):.2f} | "
-            f"{med(runs, 'sps'):,.0f} ({lo_hi('sps', '{:,.0f}'.format)}) | {med(runs, 'updates'):,.0f} "
-            f"| {rate:,.0f} | {statistics.mean(rets):.1f} ({', '.join(f'{x:.0f}' for x in rets)}) "
-            "|"
+            f"{spread(runs, 'sps', ',.0f')} | {med(runs, 'updates'):,.0f} | {rate:,.0f} "
+            f"| {returns(runs)} |"
         )
     return "\n".join(rows)
 
 
-def verdicts(sides: dict[str, list[dict]]) -> str:
+def targets(sides: dict[str, list[dict]]) -> str:
     cold, warm, rejax = sides["ours, cold"], sides["ours, warm cache"], sides["Rejax"]
     ret_o, ret_r = statistics.mean(r["ret"] for r in cold), statistics.mean(r["ret"] for r in rejax)
-    checks = [
-        (
-            "total wall time, ours cold / Rejax",
-            med(cold, "wall") / med(rejax, "wall"),
-            "<= 0.80",
-            med(cold, "wall") <= 0.8 * med(rejax, "wall"),
-        ),
-        (
-            "total wall time, ours warm / Rejax (secondary)",
-            med(warm, "wall") / med(rejax, "wall"),
-            "<= 0.80",
-            med(warm, "wall") <= 0.8 * med(rejax, "wall"),
-        ),
-        (
-            "steady SPS, ours cold / Rejax",
-            med(cold, "sps") / med(rejax, "sps"),
-            "(reported)",
-            med(cold, "sps") >= med(rejax, "sps"),
-        ),
-        (
-            f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})",
-            ret_o - ret_r,
-            ">= 0",
-            ret_o >= ret_r,
-        ),
-    ]
-    rows = ["| ratio | value | target | met |", "|---|---:|---:|---|"]
-    rows += [
-        f"| {name} | {value:.2f} | {target} | {'**yes**' if ok else '**NO**'} |"
-        for name, value, target, ok in checks
-    ]
-    primary = [("wall time", checks[0][3]), ("return", checks[3][3])]
-    rows.append(
-        f"\nPrimary targets (cold) met: {', '.join(n for n, ok in primary if ok) or 'none'}. "
-        f"Not met: {', '.join(n for n, ok in primary if not ok) or 'none'}."
+    wall_cold, wall_warm, wall_rejax = med(cold, "wall"), med(warm, "wall"), med(rejax, "wall")
+    return verdicts(
+        [
+            (
+                "total wall time, ours cold / Rejax",
+                wall_cold / wall_rejax,
+                "<= 0.80",
+                wall_cold <= 0.8 * wall_rejax,
+                "wall time",
+            ),
+            (
+                "total wall time, ours warm / Rejax (secondary)",
+                wall_warm / wall_rejax,
+                "<= 0.80",
+                wall_warm <= 0.8 * wall_rejax,
+                None,
+            ),
+            (
+                "steady SPS, ours cold / Rejax",
+                med(cold, "sps") / med(rejax, "sps"),
+                "(reported)",
+                med(cold, "sps") >= med(rejax, "sps"),
+                None,
+            ),
+            (
+                f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})",
+                ret_o - ret_r,
+                ">= 0",
+                ret_o >= ret_r,
+                "return",
+            ),
+        ]
     )
-    return "\n".join(rows)
 
 
 def main():
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    p.add_argument(
-        "--runs", type=int, default=2, help="runs per side (rounds), each with its own seed"
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of the first round (round i uses SEED + i)"
-    )
-    p.add_argument(
-        "--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update"
-    )
-    p.add_argument(
-        "--no-write", action="store_true", help="print the table only, leave RESULTS.md alone"
-    )
-    p.add_argument("--timeout", type=float, default=600, help="seconds allowed per subprocess")
-    p.add_argument(
-        "--keep", action="store_true", help="keep the scratch directory (run dirs and logs)"
-    )
-    args = p.parse_args()
-    if not PEER_PY.exists():
-        sys.exit(f"no peer venv at {PEER_PY}: run bench/setup_peer.sh first")
+    args = parser(__doc__, runs=2, timeout=600).parse_args()
+    need_peer()
 
-    scratch = Path(tempfile.mkdtemp(prefix="bench-dqn-"))
-    load_start = os.getloadavg()[0]
-    print(f"scratch {scratch}; warm-up run to fill the compilation cache", flush=True)
-    run_ours(args.seed + 1000, scratch, cold=False, timeout=args.timeout)
-    sides = {"ours, cold": [], "Rejax": [], "ours, warm cache": []}
-    for i in range(args.runs):
-        seed = args.seed + i
-        sides["ours, cold"].append(run_ours(seed, scratch, cold=True, timeout=args.timeout))
-        sides["Rejax"].append(run_rejax(seed, scratch, args.timeout))
-        sides["ours, warm cache"].append(run_ours(seed, scratch, cold=False, timeout=args.timeout))
-        print(
-            f"round {i + 1}/{args.runs}: "
-            + ", ".join(
-                f"{k} {v[-1]['wall']:.1f} s / {v[-1]['sps']:,.0f} sps / return {v[-1]['ret']:.0f}"
-                for k, v in sides.items()
-            ),
-            flush=True,
-        )
-    load = f"{load_start:.2f} / {os.getloadavg()[0]:.2f}"
-
-    tbl, ver = table(sides), verdicts(sides)
+    scratch, load_start, sides = race("bench-dqn-", run_ours, run_rejax, args)
+    tbl, ver = table(sides), targets(sides)
     print("\n" + tbl + "\n\n" + ver)
     if not args.keep:
         shutil.rmtree(scratch)
     if args.no_write:
         return
 
-    def rel(cmd):
-        return " ".join(
-            str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c for c in cmd
-        ).replace(sys.executable, ".venv/bin/python")
-
     c = CONFIG
-    head = commit("algos/dqn_value.py", "common/")
-    rejax = ", ".join(f"{k} {v}" for k, v in sides["Rejax"][0]["versions"].items())
+    head = measured(
+        f".venv/bin/python {HERE}/dqn.py --runs {args.runs} --seed {args.seed}",
+        load_start,
+        commit("algos/dqn_value.py", "common/"),
+        sides["Rejax"][0]["versions"],
+    )
     body = f"""
-Measured {time.strftime("%Y-%m-%d %H:%M %Z")} with
-`.venv/bin/python bench/dqn.py --runs {args.runs} --seed {args.seed}`.
-
-- Machine: {machine()}; load average at start/end: {load}
-- Ours: Python {platform.python_version()}, jax {md.version("jax")}, gymnax {md.version("gymnax")}, commit {head}
-- Rejax: {rejax} (bench/.peer-venv)
+{head}
 
 Matched work: {c["num_envs"]} envs, replay of {c["replay"]:,} transitions sampled uniformly, batch {c["batch_size"]},
 {c["updates_per_env_step"]} gradient steps per env step (ours: epochs of {OURS_EPOCH["num_steps"]} steps x
@@ -300,9 +250,9 @@ one after the other; one warm-up run of ours fills the cache first.
 Commands (SEED = round seed):
 
 ```
-{rel(ours_cmd(0, Path("/tmp/bench-dqn/ours-SEED"), cold=True)).replace("--seed 0", "--seed SEED")}
-{rel(ours_cmd(0, Path("/tmp/bench-dqn/ours-SEED"), cold=False)).replace("--seed 0", "--seed SEED")}   # warm cache
-{rel(rejax_cmd(0)).replace("--seed 0", "--seed SEED")}
+{shown(ours_cmd(0, Path("/tmp/bench-dqn/ours-SEED"), cold=True))}
+{shown(ours_cmd(0, Path("/tmp/bench-dqn/ours-SEED"), cold=False))}   # warm cache
+{shown(rejax_cmd(0))}
 ```
 
 Medians over {args.runs} runs, (min-max) in brackets; return: mean over runs, per-run values in brackets.
@@ -343,7 +293,7 @@ Differences that remain in the matched work:
 - The machine is shared: other jobs may run at the same time (see the load average); interleaving the
   sides spreads that noise over both.
 """
-    write_section(SECTION, body, Path(args.results))
+    write_section(SECTION, body, Path(args.results), under=SPEED)
     print(f"\nwrote {args.results}")
 
 

@@ -1,8 +1,8 @@
 """Where a process's seconds go: runs a script under timers and writes one JSON object of phases.
 
-    python bench/phases.py OUT.json --import jax,common.run -- algos/ppo_joint.py --seed 0 ...
-    bench/.peer-venv/bin/python bench/phases.py OUT.json --import jax,rejax -- bench/rejax_ppo.py
-    ...
+    python bench/peers/phases.py OUT.json --import jax,common.run -- algos/ppo_joint.py --seed 0 ...
+    bench/.peer-venv/bin/python bench/peers/phases.py OUT.json --import jax,rejax -- \
+        bench/peers/rejax_ppo.py ...
 
 Phases, in seconds: `import` (the modules named, imported before the script
 runs), `devices` (jax.devices(): the backend set up), and `script` (the
@@ -13,6 +13,10 @@ two threads at once overlap in time. For our scripts (common.run is
 imported) also the wall time of `prepare`, `compile_programs`, every
 `evaluate` and `save_checkpoint` call. `t0` and `t_end` (time.time()) let a
 driver that timed the whole process find the interpreter's start-up.
+
+ppo.py runs both of its sides under it: ours in the project venv, the Rejax
+driver in the peer venv, which finds rejax_common.py because this file's
+folder, which holds both, is sys.path[0].
 """
 
 import time
@@ -28,7 +32,6 @@ import runpy  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 EVENTS = {
     "/jax/core/compile/jaxpr_trace_duration": "trace",
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",

@@ -1,36 +1,42 @@
 """Benchmark our PPO (algos/ppo_joint.py) against Rejax's PPO on CartPole-v1, matched work.
 
-    .venv/bin/python bench/ppo.py               # 3 runs per side, ~3-5 min on 2 cores
-    .venv/bin/python bench/ppo.py --runs 5
+    .venv/bin/python bench/peers/ppo.py               # 3 runs per side, ~3-5 min on 2 cores
+    .venv/bin/python bench/peers/ppo.py --runs 5
 
-Needs the peer venv (bench/setup_peer.sh). Every run is a separate process, so
+Needs the peer venv (bench/peers/setup_peer.sh). Every run is a separate process, so
 imports and compilation count in its wall time (measured here, from launch to
 exit). Each round runs, in this order and with seed SEED + round: ours cold
 (--no-compile-cache), Rejax, ours warm (persistent compilation cache, filled by
 one warm-up run before the first round) and the throughput ceiling
-(bench/ceiling.py). Prints a Markdown table and rewrites this benchmark's section
-of bench/RESULTS.md, leaving other sections alone.
+(ceiling.py). Prints a Markdown table and rewrites this benchmark's entry
+of bench/RESULTS.md, leaving the others alone.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata as md
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from results import commit, launch, machine, med, write_section
+from bench.peers.runs import (
+    HERE,
+    PEER_PY,
+    launch_peer,
+    launch_run,
+    measured,
+    need_peer,
+    parser,
+    returns,
+    race,
+    shown,
+    spread,
+    verdicts,
+)
+from bench.results import SPEED, commit, launch, med, write_section
 
-ROOT = Path(__file__).resolve().parent.parent
-PEER_PY = ROOT / "bench" / ".peer-venv" / "bin" / "python"
-SECTION = "## PPO (ppo_joint) vs Rejax PPO, CartPole-v1"
+SECTION = "### PPO (ppo_joint) vs Rejax PPO, CartPole-v1"
 
 # Matched work: environments, rollout length, update epochs, minibatches, network, total steps.
 # Learning-rate, loss coefficients and schedules are each side's own tuned choice: Rejax's
@@ -101,7 +107,7 @@ def rejax_cmd(seed: int) -> list[str]:
     c = CONFIG
     return [
         str(PEER_PY),
-        "bench/rejax_ppo.py",
+        f"{HERE}/rejax_ppo.py",
         "--env",
         "CartPole-v1",
         "--num-envs",
@@ -141,12 +147,12 @@ def rejax_cmd(seed: int) -> list[str]:
 
 
 def ceiling_cmd() -> list[str]:
-    return [sys.executable, "bench/ceiling.py", "--num-envs", str(CONFIG["num_envs"])]
+    return [sys.executable, f"{HERE}/ceiling.py", "--num-envs", str(CONFIG["num_envs"])]
 
 
 def under_phases(cmd: list[str], out: Path, modules: str) -> list[str]:
-    """cmd (interpreter, script, flags) run by bench/phases.py, which writes its phases to out."""
-    return [cmd[0], "bench/phases.py", str(out), "--import", modules, "--", *cmd[1:]]
+    """cmd (interpreter, script, flags) run by phases.py, which writes its phases to out."""
+    return [cmd[0], f"{HERE}/phases.py", str(out), "--import", modules, "--", *cmd[1:]]
 
 
 def phases_of(path: Path, wall: float) -> dict:
@@ -163,10 +169,8 @@ def phases_of(path: Path, wall: float) -> dict:
 
 def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
     out = scratch / f"ours-{'cold' if cold else 'warm'}-{seed}"
-    shutil.rmtree(out, ignore_errors=True)
     cmd = under_phases(ours_cmd(seed, out, cold), scratch / f"{out.name}.json", "jax,common.run")
-    wall, _ = launch(cmd, scratch / f"{out.name}.log", timeout)
-    s = json.loads((out / "summary.json").read_text())
+    wall, s = launch_run(cmd, out, timeout)
     ph = phases_of(scratch / f"{out.name}.json", wall)
     raw = ph.pop("raw")
     split = {
@@ -198,10 +202,9 @@ def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
 
 def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
     path = scratch / f"rejax-{seed}.json"
-    wall, out = launch(
+    wall, r = launch_peer(
         under_phases(rejax_cmd(seed), path, "jax,rejax"), scratch / f"rejax-{seed}.log", timeout
     )
-    r = json.loads(out.strip().splitlines()[-1])
     ph = phases_of(path, wall)
     script = ph.pop("raw")["script"]
     split = {
@@ -261,13 +264,9 @@ def table(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, runs in sides.items():
-        rets = [r["ret"] for r in runs]
-        lo_hi = lambda k, f: f"{f(min(r[k] for r in runs))}-{f(max(r[k] for r in runs))}"  # noqa: E731
         rows.append(
-            f"| {name} | {med(runs, 'wall'):.1f} ({lo_hi('wall', '{:.1f}'.format)}) "
-            f"| {med(runs, 'compile_wall'):.2f} | {med(runs, 'train'):.2f} "
-            f"| {med(runs, 'sps'):,.0f} ({lo_hi('sps', '{:,.0f}'.format)}) "
-            f"| {statistics.mean(rets):.1f} ({', '.join(f'{x:.0f}' for x in rets)}) |"
+            f"| {name} | {spread(runs, 'wall', '.1f')} | {med(runs, 'compile_wall'):.2f} "
+            f"| {med(runs, 'train'):.2f} | {spread(runs, 'sps', ',.0f')} | {returns(runs)} |"
         )
     rows.append(
         f"| ceiling (bare rollout, {CONFIG['num_envs']} envs) | | | "
@@ -276,132 +275,88 @@ def table(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
     return "\n".join(rows)
 
 
-def verdicts(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
+def targets(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
     cold, warm, rejax = sides["ours, cold"], sides["ours, warm cache"], sides["Rejax"]
     ceil = statistics.median(ceiling)
     ret_o, ret_r = statistics.mean(r["ret"] for r in cold), statistics.mean(r["ret"] for r in rejax)
-    checks = [
-        (
-            "total wall time, ours cold / Rejax",
-            med(cold, "wall") / med(rejax, "wall"),
-            "<= 0.80",
-            med(cold, "wall") <= 0.8 * med(rejax, "wall"),
-        ),
-        (
-            "total wall time, ours warm / Rejax (secondary)",
-            med(warm, "wall") / med(rejax, "wall"),
-            "<= 0.80",
-            med(warm, "wall") <= 0.8 * med(rejax, "wall"),
-        ),
-        (
-            "steady SPS, ours cold / Rejax",
-            med(cold, "sps") / med(rejax, "sps"),
-            ">= 1.25",
-            med(cold, "sps") >= 1.25 * med(rejax, "sps"),
-        ),
-        (
-            "steady SPS, ours warm / Rejax (secondary)",
-            med(warm, "sps") / med(rejax, "sps"),
-            ">= 1.25",
-            med(warm, "sps") >= 1.25 * med(rejax, "sps"),
-        ),
-        (
-            f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})",
-            ret_o - ret_r,
-            ">= 0",
-            ret_o >= ret_r,
-        ),
-        (
-            "steady SPS, ours cold / ceiling",
-            med(cold, "sps") / ceil,
-            ">= 0.50",
-            med(cold, "sps") >= 0.5 * ceil,
-        ),
-    ]
-    rows = ["| ratio | value | target | met |", "|---|---:|---:|---|"]
-    rows += [
-        f"| {name} | {value:.2f} | {target} | {'**yes**' if ok else '**NO**'} |"
-        for name, value, target, ok in checks
-    ]
-    short = ["wall time", None, "steady SPS vs Rejax", None, "return", "SPS vs ceiling"]
-    met = [s for s, c in zip(short, checks) if s and c[3]]
-    missed = [s for s, c in zip(short, checks) if s and not c[3]]
-    rows.append(
-        f"\nPrimary targets (cold) met: {', '.join(met) or 'none'}. "
-        f"Not met: {', '.join(missed) or 'none'}."
+    wall_cold, wall_warm, wall_rejax = med(cold, "wall"), med(warm, "wall"), med(rejax, "wall")
+    sps_cold, sps_warm, sps_rejax = med(cold, "sps"), med(warm, "sps"), med(rejax, "sps")
+    return verdicts(
+        [
+            (
+                "total wall time, ours cold / Rejax",
+                wall_cold / wall_rejax,
+                "<= 0.80",
+                wall_cold <= 0.8 * wall_rejax,
+                "wall time",
+            ),
+            (
+                "total wall time, ours warm / Rejax (secondary)",
+                wall_warm / wall_rejax,
+                "<= 0.80",
+                wall_warm <= 0.8 * wall_rejax,
+                None,
+            ),
+            (
+                "steady SPS, ours cold / Rejax",
+                sps_cold / sps_rejax,
+                ">= 1.25",
+                sps_cold >= 1.25 * sps_rejax,
+                "steady SPS vs Rejax",
+            ),
+            (
+                "steady SPS, ours warm / Rejax (secondary)",
+                sps_warm / sps_rejax,
+                ">= 1.25",
+                sps_warm >= 1.25 * sps_rejax,
+                None,
+            ),
+            (
+                f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})",
+                ret_o - ret_r,
+                ">= 0",
+                ret_o >= ret_r,
+                "return",
+            ),
+            (
+                "steady SPS, ours cold / ceiling",
+                sps_cold / ceil,
+                ">= 0.50",
+                sps_cold >= 0.5 * ceil,
+                "SPS vs ceiling",
+            ),
+        ]
     )
-    return "\n".join(rows)
 
 
 def main():
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    p.add_argument(
-        "--runs", type=int, default=3, help="runs per side (rounds), each with its own seed"
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of the first round (round i uses SEED + i)"
-    )
-    p.add_argument(
-        "--results", default=str(ROOT / "bench" / "RESULTS.md"), help="Markdown file to update"
-    )
-    p.add_argument(
-        "--no-write", action="store_true", help="print the table only, leave RESULTS.md alone"
-    )
-    p.add_argument("--timeout", type=float, default=300, help="seconds allowed per subprocess")
-    p.add_argument(
-        "--keep", action="store_true", help="keep the scratch directory (run dirs and logs)"
-    )
-    args = p.parse_args()
-    if not PEER_PY.exists():
-        sys.exit(f"no peer venv at {PEER_PY}: run bench/setup_peer.sh first")
+    args = parser(__doc__, runs=3, timeout=300).parse_args()
+    need_peer()
 
-    scratch = Path(tempfile.mkdtemp(prefix="bench-ppo-"))
-    load_start = os.getloadavg()[0]
-    print(f"scratch {scratch}; warm-up run to fill the compilation cache", flush=True)
-    run_ours(args.seed + 1000, scratch, cold=False, timeout=args.timeout)
-    sides = {"ours, cold": [], "Rejax": [], "ours, warm cache": []}
     ceiling = []
-    for i in range(args.runs):
-        seed = args.seed + i
-        sides["ours, cold"].append(run_ours(seed, scratch, cold=True, timeout=args.timeout))
-        sides["Rejax"].append(run_rejax(seed, scratch, args.timeout))
-        sides["ours, warm cache"].append(run_ours(seed, scratch, cold=False, timeout=args.timeout))
+
+    def measure_ceiling(i: int, scratch: Path) -> str:
         ceiling.append(
             json.loads(launch(ceiling_cmd(), scratch / f"ceiling-{i}.log", args.timeout)[1])["sps"]
         )
-        print(
-            f"round {i + 1}/{args.runs}: "
-            + ", ".join(
-                f"{k} {v[-1]['wall']:.1f} s / {v[-1]['sps']:,.0f} sps / return {v[-1]['ret']:.0f}"
-                for k, v in sides.items()
-            )
-            + f", ceiling {ceiling[-1]:,.0f} sps",
-            flush=True,
-        )
-    load = f"{load_start:.2f} / {os.getloadavg()[0]:.2f}"
+        return f", ceiling {ceiling[-1]:,.0f} sps"
 
-    tbl, ver, brk = table(sides, ceiling), verdicts(sides, ceiling), breakdown(sides)
+    scratch, load_start, sides = race("bench-ppo-", run_ours, run_rejax, args, measure_ceiling)
+    tbl, ver, brk = table(sides, ceiling), targets(sides, ceiling), breakdown(sides)
     print("\n" + tbl + "\n\n" + brk + "\n\n" + ver)
     if not args.keep:
         shutil.rmtree(scratch)
     if args.no_write:
         return
 
-    def rel(cmd):
-        return " ".join(
-            str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c for c in cmd
-        ).replace(sys.executable, ".venv/bin/python")
-
-    head = commit("algos/", "common/")
-    rejax = ", ".join(f"{k} {v}" for k, v in sides["Rejax"][0]["versions"].items())
+    head = measured(
+        f".venv/bin/python {HERE}/ppo.py --runs {args.runs} --seed {args.seed}",
+        load_start,
+        commit("algos/", "common/"),
+        sides["Rejax"][0]["versions"],
+    )
     body = f"""
-Measured {time.strftime("%Y-%m-%d %H:%M %Z")} with `.venv/bin/python bench/ppo.py --runs {args.runs} --seed {args.seed}`.
-
-- Machine: {machine()}; load average at start/end: {load}
-- Ours: Python {platform.python_version()}, jax {md.version("jax")}, gymnax {md.version("gymnax")}, commit {head}
-- Rejax: {rejax} (bench/.peer-venv)
+{head}
 
 Matched work: {CONFIG["num_envs"]} envs x {CONFIG["num_steps"]} steps per rollout, {CONFIG["update_epochs"]} epochs x
 {CONFIG["num_minibatches"]} minibatches, {CONFIG["total_steps"]:,} env steps, tanh 64x64, gamma {CONFIG["gamma"]},
@@ -414,10 +369,10 @@ runs ours cold, Rejax, ours warm, ceiling, one after the other; one warm-up run 
 Commands (SEED = round seed):
 
 ```
-{rel(ours_cmd(0, Path("/tmp/bench-ppo/ours-SEED"), cold=True)).replace("--seed 0", "--seed SEED")}
-{rel(ours_cmd(0, Path("/tmp/bench-ppo/ours-SEED"), cold=False)).replace("--seed 0", "--seed SEED")}   # warm cache
-{rel(rejax_cmd(0)).replace("--seed 0", "--seed SEED")}
-{rel(ceiling_cmd())}
+{shown(ours_cmd(0, Path("/tmp/bench-ppo/ours-SEED"), cold=True))}
+{shown(ours_cmd(0, Path("/tmp/bench-ppo/ours-SEED"), cold=False))}   # warm cache
+{shown(rejax_cmd(0))}
+{shown(ceiling_cmd())}
 ```
 
 Medians over {args.runs} runs, (min-max) in brackets; return: mean over runs, per-run values in brackets.
@@ -428,7 +383,7 @@ episodes, argmax actions, after training.
 
 {tbl}
 
-Where the seconds go (medians; bench/phases.py runs each process under timers): startup = interpreter
+Where the seconds go (medians; bench/peers/phases.py runs each process under timers): startup = interpreter
 start and the timers' own imports; import = `import jax, common.run` (ours) or `import jax, rejax`;
 devices = `jax.devices()`; prepare = ours: hosts, trainer, the init program traced (shapes and memory
 checked before any compile), Rejax: `PPO.create`; programs = ours: `run.compile_programs` (the epochs
@@ -457,7 +412,7 @@ Differences that remain in the matched work:
 - The machine is shared: other jobs may run at the same time (see the load average); interleaving the
   sides spreads that noise over both.
 """
-    write_section(SECTION, body, Path(args.results))
+    write_section(SECTION, body, Path(args.results), under=SPEED)
     print(f"\nwrote {args.results}")
 
 

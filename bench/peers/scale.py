@@ -1,18 +1,18 @@
 """Throughput at scale: ppo_joint's steady SPS from 16 to 4096 environments, against Rejax PPO and
 two ceilings.
 
-    .venv/bin/python bench/scale.py                    # ~5 min on 2 cores
-    .venv/bin/python bench/scale.py --sizes 16,64 --no-write
+    .venv/bin/python bench/peers/scale.py                    # ~5 min on 2 cores
+    .venv/bin/python bench/peers/scale.py --sizes 16,64 --no-write
 
-Needs the peer venv (bench/setup_peer.sh). Same work per step on every side:
+Needs the peer venv (bench/peers/setup_peer.sh). Same work per step on every side:
 N environments x 128 steps per rollout, 4 update epochs x 4 minibatches, a
 64x64 tanh network, CartPole-v1, at least 8 rollouts (and 1M steps) per run;
 steady SPS excludes the compile. Ours: ppo_joint's defaults with those sizes
-(one device); Rejax: bench/rejax_ppo.py with the same sizes; the bare rollout
+(one device); Rejax: rejax_ppo.py with the same sizes; the bare rollout
 and the compute ceiling (the same rollout plus the update's forward and
-backward passes at the same batch shapes, nothing else): bench/ceiling.py.
+backward passes at the same batch shapes, nothing else): ceiling.py.
 For each size the four run one after the other. Prints a Markdown table and
-rewrites this benchmark's section of bench/RESULTS.md.
+rewrites this benchmark's entry of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -23,11 +23,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from results import commit, launch, machine, write_section
+from bench.peers.runs import (
+    HERE,
+    PEER_PY,
+    launch_peer,
+    launch_run,
+    load_average,
+    measured,
+    need_peer,
+)
+from bench.results import SCALE, commit, launch, write_section
 
-ROOT = Path(__file__).resolve().parent.parent
-PEER_PY = ROOT / "bench" / ".peer-venv" / "bin" / "python"
-SECTION = "## Throughput at scale: ppo_joint vs Rejax PPO and the ceilings, CartPole-v1"
+SECTION = "### Throughput at scale: ppo_joint vs Rejax PPO and the ceilings, CartPole-v1"
 T, EPOCHS, MINIBATCHES = 128, 4, 4
 
 
@@ -38,7 +45,7 @@ def total_steps(n: int) -> int:
 def measure(n: int, scratch: Path, timeout: float) -> dict:
     steps, sizes = total_steps(n), ["--num-envs", str(n)]
     out = scratch / f"ours-{n}"
-    launch(
+    _, summary = launch_run(
         [
             sys.executable,
             "algos/ppo_joint.py",
@@ -60,14 +67,13 @@ def measure(n: int, scratch: Path, timeout: float) -> dict:
             "--out-dir",
             str(out),
         ],
-        scratch / f"ours-{n}.log",
+        out,
         timeout,
     )
-    ours = json.loads((out / "summary.json").read_text())["sps"]
-    _, text = launch(
+    _, rejax = launch_peer(
         [
             str(PEER_PY),
-            "bench/rejax_ppo.py",
+            f"{HERE}/rejax_ppo.py",
             *sizes,
             "--num-steps",
             str(T),
@@ -83,10 +89,9 @@ def measure(n: int, scratch: Path, timeout: float) -> dict:
         scratch / f"rejax-{n}.log",
         timeout,
     )
-    rejax = json.loads(text.strip().splitlines()[-1])
     ceiling = [
         sys.executable,
-        "bench/ceiling.py",
+        f"{HERE}/ceiling.py",
         *sizes,
         "--num-steps",
         str(steps // n),
@@ -105,7 +110,7 @@ def measure(n: int, scratch: Path, timeout: float) -> dict:
     )["sps"]
     return {
         "n": n,
-        "ours": ours,
+        "ours": summary["sps"],
         "rejax": rejax["sps"],
         "bare": bare,
         "compute": compute,
@@ -121,8 +126,8 @@ def main() -> None:
         "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
     )
     args = p.parse_args()
-    if not PEER_PY.exists():
-        sys.exit("no peer venv: run bench/setup_peer.sh first")
+    need_peer()
+    load_start = load_average()
     rows = [
         "| envs | ours SPS | Rejax SPS | ours / Rejax | bare rollout SPS | compute ceiling SPS "
         "| ours / compute | ours / bare |",
@@ -139,21 +144,24 @@ def main() -> None:
                 f"| {r['ours'] / r['bare']:.2f} |"
             )
             print(rows[-1], flush=True)
-    peer = ", ".join(f"{k} {v}" for k, v in results[0]["versions"].items())
     met_rejax = all(r["ours"] >= 1.25 * r["rejax"] for r in results)
     met_compute = all(r["ours"] >= 0.7 * r["compute"] for r in results if r["n"] >= 256)
+    head = measured(
+        f".venv/bin/python {HERE}/scale.py --sizes {args.sizes}",
+        load_start,
+        commit("algos", "common"),
+        results[0]["versions"],
+    )
     body = (
-        f"Machine: {machine()}. Commit {commit('algos', 'common')}. Rejax side: "
-        f"{peer}.\n\nCommand: `.venv/bin/python bench/scale.py --sizes {args.sizes}`. Work per "
-        f"size: N envs x {T} steps, {EPOCHS} epochs x {MINIBATCHES} minibatches, 64x64 tanh; max(8 "
-        "rollouts, 1M steps).\n\n"
+        f"{head}\n\nWork per size: N envs x {T} steps, {EPOCHS} epochs x {MINIBATCHES} "
+        "minibatches, 64x64 tanh; max(8 rollouts, 1M steps).\n\n"
         + "\n".join(rows)
         + f"\n\nGoals: ours >= 1.25x Rejax at every size: {'met' if met_rejax else 'not met'}; "
         f"ours >= 0.7x the compute ceiling from 256 envs up: {'met' if met_compute else 'not met'}."
     )
     print(body)
     if not args.no_write:
-        write_section(SECTION, body)
+        write_section(SECTION, body, under=SCALE)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Every algorithm script side by side on CartPole-v1, each with its default flags.
 
-    .venv/bin/python bench/side_by_side.py            # 2 rounds, ~5 min on 2 cores
-    .venv/bin/python bench/side_by_side.py --runs 3
+    .venv/bin/python bench/peers/side_by_side.py            # 2 rounds, ~5 min on 2 cores
+    .venv/bin/python bench/peers/side_by_side.py --runs 3
 
 Each run is a separate process (`--n-devices 1 --eval-every 0 --no-compile-cache`,
 so every run compiles from scratch), one round runs every entry once, and rounds
@@ -9,27 +9,21 @@ are interleaved so that load on the machine spreads over all entries. Reported p
 entry: compile time, steady SPS, the epoch's cost (ms per epoch and relative to
 ppo_joint), env steps until the mean return of the training episodes finished in
 an epoch first reaches 475, and the final greedy return. Rewrites this benchmark's
-section of bench/RESULTS.md, leaving other sections alone.
+entry of bench/RESULTS.md, leaving the others alone.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata as md
 import json
-import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from results import commit, machine, med, write_section
+from bench.peers.runs import HERE, launch_run, load_average, measured, parser
+from bench.results import ALGORITHMS, commit, med, write_section
 
-ROOT = Path(__file__).resolve().parent.parent
-SECTION = "## Algorithms side by side, CartPole-v1"
+SECTION = "### Algorithms side by side, CartPole-v1"
 THRESHOLD = 475.0
 # name -> script and flags; every entry runs with its script's defaults otherwise.
 ENTRIES = {
@@ -52,16 +46,8 @@ COMMON = ["--env", "CartPole-v1", "--n-devices", "1", "--eval-every", "0", "--no
 
 
 def run_entry(args: list[str], seed: int, out: Path, timeout: float) -> dict:
-    shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, *args, *COMMON, "--seed", str(seed), "--out-dir", str(out)]
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    wall = time.time() - t0
-    if proc.returncode:
-        sys.exit(
-            f"failed ({proc.returncode}): {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-3000:]}"
-        )
-    summary = json.loads((out / "summary.json").read_text())
+    wall, summary = launch_run(cmd, out, timeout)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps_per_epoch = lines[0]["env_steps"]
     reached = next(
@@ -100,19 +86,10 @@ def table(results: dict[str, list[dict]]) -> str:
 
 
 def main():
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    p.add_argument("--runs", type=int, default=2, help="rounds; round i uses seed SEED + i")
-    p.add_argument("--seed", type=int, default=0, help="seed of the first round")
-    p.add_argument(
-        "--no-write", action="store_true", help="print the table only, leave RESULTS.md alone"
-    )
-    p.add_argument("--timeout", type=float, default=600, help="seconds allowed per run")
-    args = p.parse_args()
+    args = parser(__doc__, runs=2, timeout=600).parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-algos-"))
-    load_start = os.getloadavg()[0]
+    load_start = load_average()
     results = {name: [] for name in ENTRIES}
     for i in range(args.runs):
         for j, (name, entry) in enumerate(ENTRIES.items()):
@@ -125,7 +102,8 @@ def main():
                 f"sps, 475 at {r['reached']}, return {r['ret']:.0f}",
                 flush=True,
             )
-    shutil.rmtree(scratch)
+    if not args.keep:
+        shutil.rmtree(scratch)
     tbl = table(results)
     print("\n" + tbl)
     if args.no_write:
@@ -133,11 +111,13 @@ def main():
     commands = "\n".join(
         f".venv/bin/python {' '.join(e)} {' '.join(COMMON)} --seed SEED" for e in ENTRIES.values()
     )
+    head = measured(
+        f".venv/bin/python {HERE}/side_by_side.py --runs {args.runs} --seed {args.seed}",
+        load_start,
+        commit(),
+    )
     body = f"""
-Measured {time.strftime("%Y-%m-%d %H:%M %Z")} with `.venv/bin/python bench/side_by_side.py --runs {args.runs} --seed {args.seed}`.
-
-- Machine: {machine()}; load average at start/end: {load_start:.2f} / {os.getloadavg()[0]:.2f}
-- Python {platform.python_version()}, jax {md.version("jax")}, gymnax {md.version("gymnax")}, commit {commit()}
+{head}
 
 Commands (each script's defaults otherwise; round i uses SEED = {args.seed} + i, the entries run one after the other):
 
@@ -153,8 +133,8 @@ actions) average at least 475, per round. Greedy return: 32 episodes after train
 
 {tbl}
 """
-    write_section(SECTION, body)
-    print("\nwrote bench/RESULTS.md")
+    write_section(SECTION, body, Path(args.results), under=ALGORITHMS)
+    print(f"\nwrote {args.results}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Time to solve: whole-process seconds from launch to a greedy return of 475 on CartPole-v1.
 
-    .venv/bin/python bench/solve.py              # 5 seeds per side, ~20 min on 2 cores
-    .venv/bin/python bench/solve.py --seeds 2 --only ppo_joint,rejax-ppo
+    .venv/bin/python bench/peers/solve.py              # 5 seeds per side, ~20 min on 2 cores
+    .venv/bin/python bench/peers/solve.py --seeds 2 --only "ppo_joint,Rejax PPO"
 
-Needs the peer venv (bench/setup_peer.sh). Every run is a separate process,
+Needs the peer venv (bench/peers/setup_peer.sh). Every run is a separate process,
 launched from this one; the sides run interleaved, seed by seed, in the order
 of SIDES. Every side evaluates greedily (32 episodes) about every 10,000 env
 steps, on its own defaults:
@@ -12,33 +12,38 @@ steps, on its own defaults:
   evaluation that reaches it, and its time is the whole process, launch to
   exit (the checkpoint and summary written). Cold: `--no-compile-cache`; warm:
   the persistent compilation cache, filled by one warm-up run of each script.
-- Rejax PPO and DQN (bench/rejax_*.py, Rejax's tuned CartPole configs): their
+- Rejax PPO and DQN (rejax_ppo.py and rejax_dqn.py, Rejax's tuned CartPole configs): their
   program cannot end at an evaluation, so their time is from launch to the end
   of the first evaluation that reaches 475 (taken as it happens, from inside
   the program); what they train after it is not counted.
 
 A run that never reaches 475 counts as unsolved: infinitely slow in the
-medians. Prints a Markdown table and rewrites this benchmark's section of
+medians. Prints a Markdown table and rewrites this benchmark's entry of
 bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from results import commit, launch, machine, write_section
+from bench.peers.runs import (
+    HERE,
+    PEER_PY,
+    launch_peer,
+    launch_run,
+    load_average,
+    measured,
+    need_peer,
+)
+from bench.results import SPEED, commit, write_section
 
-ROOT = Path(__file__).resolve().parent.parent
-PEER_PY = ROOT / "bench" / ".peer-venv" / "bin" / "python"
-SECTION = "## Time to solve CartPole-v1 (greedy return 475), ours vs Rejax"
+SECTION = "### Time to solve CartPole-v1 (greedy return 475), ours vs Rejax"
 TARGET = 475.0
 EVAL = ["--eval-episodes", "32", "--n-devices", "1"]
 # name: script flags; the evaluation interval in epochs: 10 x 1,024 steps, dqn 100 x 100 steps
@@ -55,13 +60,12 @@ OURS = {
     ],
     "dqn_value": ["algos/dqn_value.py", "--eval-every", "100"],
 }
-PEERS = {"Rejax PPO": "bench/rejax_ppo.py", "Rejax DQN": "bench/rejax_dqn.py"}
+PEERS = {"Rejax PPO": f"{HERE}/rejax_ppo.py", "Rejax DQN": f"{HERE}/rejax_dqn.py"}
 SIDES = [f"{name}, {cache}" for name in OURS for cache in ("cold", "warm")] + list(PEERS)
 
 
 def run_ours(name: str, cold: bool, seed: int, scratch: Path, timeout: float) -> dict:
     out = scratch / f"ours{list(OURS).index(name)}-{'cold' if cold else 'warm'}-{seed}"
-    shutil.rmtree(out, ignore_errors=True)
     cmd = [
         sys.executable,
         *OURS[name],
@@ -73,8 +77,7 @@ def run_ours(name: str, cold: bool, seed: int, scratch: Path, timeout: float) ->
         "--out-dir",
         str(out),
     ] + (["--no-compile-cache"] if cold else [])
-    wall, _ = launch(cmd, scratch / f"{out.name}.log", timeout)
-    s = json.loads((out / "summary.json").read_text())
+    wall, s = launch_run(cmd, out, timeout)
     solved = s["target_return"]["reached"]
     return {
         "seconds": wall if solved else math.inf,
@@ -85,7 +88,7 @@ def run_ours(name: str, cold: bool, seed: int, scratch: Path, timeout: float) ->
 
 def run_peer(name: str, seed: int, scratch: Path, timeout: float) -> dict:
     t_launch = time.time()
-    _, out = launch(
+    _, r = launch_peer(
         [
             str(PEER_PY),
             PEERS[name],
@@ -99,7 +102,6 @@ def run_peer(name: str, seed: int, scratch: Path, timeout: float) -> dict:
         scratch / f"{name.replace(' ', '-')}-{seed}.log",
         timeout,
     )
-    r = json.loads(out.strip().splitlines()[-1])
     hit = next(((t, step) for t, step, ret in r["evaluations"] if ret >= TARGET), None)
     return {
         "seconds": hit[0] - t_launch if hit else math.inf,
@@ -140,8 +142,8 @@ def main() -> None:
         "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
     )
     args = p.parse_args()
-    if not PEER_PY.exists():
-        sys.exit("no peer venv: run bench/setup_peer.sh first")
+    need_peer()
+    load_start = load_average()
     only = [s for s in args.only.split(",") if s]
     names = [n for n in list(OURS) + list(PEERS) if not only or n in only]
     results: dict[str, list[dict]] = {s: [] for s in SIDES if s.rsplit(",", 1)[0] in names}
@@ -178,15 +180,18 @@ def main() -> None:
             f"\n\nOur best median / Rejax's best median: **{ratio:.2f}x** (goal <= 0.5x: "
             f"{'met' if ratio <= 0.5 else 'not met'})."
         )
-    peer = next((runs[0]["versions"] for s, runs in results.items() if s in PEERS), {})
-    body = (
-        f"Machine: {machine()}. Commit {commit('algos', 'common')}. Rejax side: {', '.join(f'{k} {v}' for k, v in peer.items())}. "
-        f"{args.seeds} seeds (0-{args.seeds - 1}) per side, interleaved.\n\nCommand: "
-        f"`.venv/bin/python bench/solve.py --seeds {args.seeds}{' --only ' + repr(args.only) if only else ''}`\n\n{body}"
+    peer = next((runs[0]["versions"] for s, runs in results.items() if s in PEERS), None)
+    head = measured(
+        f".venv/bin/python {HERE}/solve.py --seeds {args.seeds}"
+        + (f" --only {args.only!r}" if only else ""),
+        load_start,
+        commit("algos", "common"),
+        peer,
     )
+    body = f"{head}\n\n{args.seeds} seeds (0-{args.seeds - 1}) per side, interleaved.\n\n{body}"
     print(body)
     if not args.no_write:
-        write_section(SECTION, body)
+        write_section(SECTION, body, under=SPEED)
 
 
 if __name__ == "__main__":

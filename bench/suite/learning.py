@@ -1,16 +1,13 @@
 """The long learning checks: each script's defaults at their full budget reach the task's goal.
 
-Run with `python -m pytest -q bench/learning.py` (about 25 minutes on 2 cores). CI does not run this
-file: tests/test_learning.py trains every script for a short budget and asserts a return far above a
-random policy's; bench/SUITE.md has 8 seeds of every script on every task of the gymnax suite."""
+Run with `python -m pytest -q bench/suite/learning.py` (about 25 minutes on 2 cores). CI does not run
+this file: tests/test_learning.py trains every script for a short budget and asserts a return far
+above a random policy's; docs/results.md has 8 seeds of every script on every task of the gymnax
+suite."""
 
 import importlib
-import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import run
 
@@ -79,7 +76,7 @@ def test_transformer_beats_a_memoryless_policy(tmp_path):
     theta).
 
     Measured at --context-len 4: seed 0 reaches 499, the memory-less net 43 (seeds 1-3 of the
-    Transformer: 421, 250, 203); at 8, the default now, bench/SUITE.md has 8 seeds of it."""
+    Transformer: 421, 250, 203); at 8, the default now, docs/results.md has 8 seeds of it."""
     transformer = train("skip_transformer", tmp_path / "t")
     memoryless = train("skip_transformer", tmp_path / "m", context_len=1)
     assert memoryless["eval_return"] <= 60, memoryless

@@ -1,18 +1,18 @@
 """The gymnax suite: every script's defaults, with only --env (and the task's budget) given, on each
 task.
 
-    .venv/bin/python bench/suite.py                              # every cell: hours on 2 cores
-    .venv/bin/python bench/suite.py --tasks Acrobot-v1 --scripts ppo_joint,awr
-    .venv/bin/python bench/suite.py --report                     # rewrite bench/SUITE.md only
+    python bench/suite/suite.py                              # every cell: hours on 2 cores
+    python bench/suite/suite.py --tasks Acrobot-v1 --scripts ppo_joint,awr
+    python bench/suite/suite.py --report                     # rewrite docs/results.md only
 
 Each cell (a script with its flags, on a task) is one process training
 `--seeds` seeds in one program (`--num-seeds`) for the task's budget of env
 steps, with a greedy evaluation (32 episodes) about every tenth of it. A
-cell's figures (mean and per-seed greedy return at the end, env steps, wall
-seconds, the commit) go to bench/suite/cells.json, which keeps the cells
-of earlier parts; bench/SUITE.md is written from all of them, with each
-task's anchor (gymnax's PPO table and its budget), and a learning-curve PNG
-per task (the greedy return of every cell, common/plot.py) in bench/suite/.
+cell's figures (mean and per-seed greedy return at the end and at each evaluation, env steps,
+wall seconds, the commit) go to bench/suite/cells.json, which keeps the cells of earlier parts;
+docs/results.md is written from all of them, with each task's anchor (gymnax's PPO table and its
+budget), and a learning-curve PNG per task in docs/results/ (the greedy return of every cell,
+labelled with its command, and the task's goal as a dashed line; common/plot.py).
 """
 
 from __future__ import annotations
@@ -20,21 +20,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from common import envs, plot  # noqa: E402
-from results import commit  # noqa: E402
+from bench.results import commit
+from common import envs, plot
 
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "bench" / "suite"
 CELLS = OUT / "cells.json"
-REPORT = ROOT / "bench" / "SUITE.md"
+REPORT = ROOT / "docs" / "results.md"
+FIGURES = ROOT / "docs" / "results"  # a PNG per task
 # task: (budget in env steps, anchor: gymnax's PPO return at that budget, the goal for every seed)
 TASKS = {
     "CartPole-v1": (150_000, 500.0, 475.0),
@@ -198,20 +197,7 @@ def run_cell(
             "command": " ".join(cmd[1:]),
         }
     summary = json.loads((out / "summary.json").read_text())
-    curve = OUT / "runs" / out.name
-    shutil.rmtree(curve, ignore_errors=True)
-    curve.mkdir(parents=True)
-    # the curve, for the task's PNG
-    keep = (
-        "epoch",
-        "env_steps",
-        "eval/return",
-        "eval/return_per_seed",
-    )
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    (curve / "metrics.jsonl").write_text(
-        "".join(json.dumps({k: r[k] for k in keep}) + "\n" for r in records if "eval/return" in r)
-    )
+    steps, returns = plot.load_curve(out, "eval/return")
     per_seed = summary["eval_return_per_seed"]
     return {
         "mean": summary["eval_return"],
@@ -223,6 +209,8 @@ def run_cell(
         "wall_s": wall,
         "commit": commit("algos", "common"),
         "command": "python " + " ".join(cmd[1:-2]),
+        # the greedy return of each seed at each evaluation, for the task's PNG
+        "curve": {"env_steps": steps.tolist(), "per_seed": returns.tolist()},
     }
 
 
@@ -307,7 +295,7 @@ def report(cells: dict, randoms: dict) -> str:
     lines = [
         "# The gymnax suite",
         "",
-        "Written by `bench/suite.py` from bench/suite/cells.json: each cell one process, the "
+        "Written by `python bench/suite/suite.py` from bench/suite/cells.json: each cell one process, the "
         "script's defaults with only `--env` and the budget (`--total-steps`) given, "
         "`--num-seeds` seeds in one program, greedy return over 32 episodes at the end. Anchor: "
         "gymnax's PPO table at that budget (Pendulum and MountainCarContinuous: at 1M steps); "
@@ -338,7 +326,7 @@ def report(cells: dict, randoms: dict) -> str:
             f"## {task} (budget {budget:,} steps; anchor {anchor(task)}; goal, every seed: "
             f"{goal(task)})",
             "",
-            f"![{task}](suite/{task}.png)",
+            f"![{task}](results/{task}.png)",
             "",
             *(
                 [f"Uniformly random actions: {random:.3g} (mean of 256 episodes).", ""]
@@ -370,16 +358,18 @@ def report(cells: dict, randoms: dict) -> str:
 
 
 def draw(cells: dict) -> None:
+    """A PNG per task whose cells hold a curve: each row's greedy return, labelled as the row's
+    command, and the task's goal."""
+    FIGURES.mkdir(parents=True, exist_ok=True)
     for task in TASKS:
-        runs = [
-            OUT / "runs" / f"{task}-{row.replace(' ', '_')}"
+        curves = {
+            row: (cell["curve"]["env_steps"], cell["curve"]["per_seed"])
             for row in SCRIPTS
-            if f"{task} | {row}" in cells and "error" not in cells[f"{task} | {row}"]
-        ]
-        # runs/ is not in git: this checkout's cells
-        runs = [r for r in runs if (r / "metrics.jsonl").exists()]
-        if runs:
-            plot.plot(runs, "eval/return", OUT / f"{task}.png")
+            if "curve" in (cell := cells.get(f"{task} | {row}", {}))
+        }
+        if curves:
+            goal = TASKS[task][2] if TASKS[task][2] == TASKS[task][2] else None  # nan: no goal
+            plot.draw(curves, "greedy return", FIGURES / f"{task}.png", goal, title=task)
 
 
 def main() -> None:
@@ -397,7 +387,9 @@ def main() -> None:
         help="env steps per cell in place of the task's (0: the "
         "task's); the cell records the steps it ran",
     )
-    p.add_argument("--report", action="store_true", help="only rewrite bench/SUITE.md and the PNGs")
+    p.add_argument(
+        "--report", action="store_true", help="only rewrite docs/results.md and the PNGs"
+    )
     args = p.parse_args()
     tasks, scripts = args.tasks.split(","), args.scripts.split(",")
     unknown = [t for t in tasks if t not in TASKS] + [s for s in scripts if s not in SCRIPTS]
