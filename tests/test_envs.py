@@ -21,6 +21,15 @@ from helpers import script_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
+def corridor_source() -> str:
+    """The corridor environment of docs/environments.md, as a user saves it."""
+    page = (ROOT / "docs" / "environments.md").read_text()
+    return page.split("saved as `corridor.py` in the current\ndirectory:\n\n```python\n", 1)[
+        1
+    ].split("```", 1)[0]
+
+
 SCRIPTS = ["ppo_joint", "awr", "actor_critic", "reinforce", "dqn_value", "skip_transformer"]
 
 
@@ -149,13 +158,10 @@ def test_gymnax_rendering_modules_load_at_their_first_use():
 
 
 @pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
-def test_own_environment_from_the_readme_trains_and_a_misfit_is_one_line(tmp_path):
-    """README's corridor.py, saved in the working directory, learns with `--env
+def test_own_environment_from_the_docs_trains_and_a_misfit_is_one_line(tmp_path):
+    """docs/environments.md's corridor.py, saved in the working directory, learns with `--env
     corridor:Corridor`."""
-    readme = (ROOT / "README.md").read_text()
-    code = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[
-        1
-    ].split("```", 1)[0]
+    code = corridor_source()
     (tmp_path / "corridor.py").write_text(code)
     env = script_env()
 
@@ -261,10 +267,7 @@ def test_a_custom_environment_that_does_not_fit_is_one_line(
     """Whatever a user's module does wrong (fails to import, needs arguments, raises, steps without
     params, observes a shape other than its space's), `make_env` answers one line naming the fix, no
     traceback."""
-    readme = (ROOT / "README.md").read_text()
-    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[
-        1
-    ].split("```", 1)[0]
+    corridor = corridor_source()
     module = (
         f"misfit_{uuid.uuid4().hex[:8]}"  # a module name of its own: Python keeps imported modules
     )
@@ -291,10 +294,7 @@ def test_a_non_finite_reward_is_blamed_on_the_environment_not_the_learning_rate(
     from algos import ppo_joint
     from common import run
 
-    readme = (ROOT / "README.md").read_text()
-    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[
-        1
-    ].split("```", 1)[0]
+    corridor = corridor_source()
     module = f"nan_reward_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(
         corridor
@@ -369,10 +369,7 @@ class DictObserved(Corridor):
 
 
 def test_an_observation_space_the_scripts_do_not_read_is_one_line(tmp_path, monkeypatch):
-    readme = (ROOT / "README.md").read_text()
-    corridor = readme.split("saved as `corridor.py` in the repository root:\n\n```python\n", 1)[
-        1
-    ].split("```", 1)[0]
+    corridor = corridor_source()
     module = f"dict_observed_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(corridor + DICT_OBSERVED)
     monkeypatch.chdir(tmp_path)
