@@ -103,6 +103,7 @@ MINATAR = (
 )
 MINATAR_ROWS = ("ppo_joint", "awr", "dqn_value")
 ONE_ROW = tuple(list(TASKS)[list(TASKS).index("UmbrellaChain-bsuite") :])  # ppo_joint's row only
+SEEDS = 8  # per cell, unless --seeds says otherwise
 RANDOM = OUT / "random.json"  # task: the mean return of uniformly random actions
 SCRIPTS = {  # row name: script and flags
     "ppo_joint": ["ppo_joint"],
@@ -238,6 +239,8 @@ def entry(cell: dict | None, task: str) -> str:
     text = f"{cell['mean']:.3g} / {cell['worst']:.3g}" + (
         f" at {cell['env_steps'] / 1e6:.2g}M" if cell["env_steps"] < 0.9 * TASKS[task][0] else ""
     )
+    if len(cell["per_seed"]) != SEEDS:
+        text += f" ({len(cell['per_seed'])} seeds)"
     return f"**{text}**" if met(cell, TASKS[task][2]) else text
 
 
@@ -266,7 +269,7 @@ def one_row_table(cells: dict, randoms: dict) -> list[str]:
 
 def matrix(cells: dict) -> list[str]:
     """Every cell of the tasks with several rows in one table: mean and worst seed, the goal met in
-    bold (README copies it)."""
+    bold."""
     tasks = [
         t for t in TASKS if t not in ONE_ROW and any(key.startswith(f"{t} | ") for key in cells)
     ]
@@ -289,6 +292,49 @@ def matrix(cells: dict) -> list[str]:
         "Each entry: mean / worst of the seeds' greedy returns (at N M: after N million steps, "
         "short of the task's budget); bold: every seed at or above the goal.",
     ]
+
+
+def table(cells: dict, tasks: list[str], rows: list[str]) -> list[str]:
+    """A task per line, with its budget, anchor and goal, and a column per row (mean / worst seed,
+    bold where every seed met the goal); only the tasks where one of `rows` has a cell."""
+    tasks = [t for t in tasks if any(f"{t} | {row}" in cells for row in rows)]
+    lines = [
+        "| task (budget) | anchor; goal | " + " | ".join(rows) + " |",
+        "| --- | ---: |" + " ---: |" * len(rows),
+    ]
+    for t in tasks:
+        budget = f"{TASKS[t][0] / 1e6:g}M" if TASKS[t][0] >= 1e6 else f"{TASKS[t][0] // 1000}k"
+        lines.append(
+            f"| {t} ({budget}) | {anchor(t)}; {goal(t)} | "
+            + " | ".join(entry(cells.get(f"{t} | {row}"), t) for row in rows)
+            + " |"
+        )
+    return lines
+
+
+# Tables written into other pages between two markers (the page keeps the rest): the README's
+# headline rows, and each algorithm page's own rows.
+BEGIN, END = "<!-- suite table: bench/suite/suite.py writes it -->", "<!-- end of suite table -->"
+HEADLINE = (
+    ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "DeepSea-bsuite", "Pendulum-v1"]
+    + ["SpaceInvaders-MinAtar"],
+    ["ppo_joint", "awr", "awr --q-value --n-samples 4", "dqn_value"],
+)
+
+
+def write_tables(cells: dict) -> None:
+    """Rewrites the tables between BEGIN and END in README.md and docs/algorithms/<script>.md."""
+    pages = {ROOT / "README.md": table(cells, *HEADLINE)}
+    for script in dict.fromkeys(flags[0] for flags in SCRIPTS.values()):
+        rows = [row for row, flags in SCRIPTS.items() if flags[0] == script]
+        pages[ROOT / "docs" / "algorithms" / f"{script}.md"] = table(cells, list(TASKS), rows)
+    for page, lines in pages.items():
+        text = page.read_text()
+        if BEGIN in text and END in text:
+            head, rest = text.split(BEGIN, 1)
+            page.write_text(
+                head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + rest.split(END, 1)[1]
+            )
 
 
 def report(cells: dict, randoms: dict) -> str:
@@ -326,8 +372,7 @@ def report(cells: dict, randoms: dict) -> str:
             f"## {task} (budget {budget:,} steps; anchor {anchor(task)}; goal, every seed: "
             f"{goal(task)})",
             "",
-            f"![{task}](results/{task}.png)",
-            "",
+            *([f"![{task}](results/{task}.png)", ""] if (FIGURES / f"{task}.png").exists() else []),
             *(
                 [f"Uniformly random actions: {random:.3g} (mean of 256 episodes).", ""]
                 if random is not None
@@ -378,7 +423,7 @@ def main() -> None:
     p.add_argument(
         "--scripts", default=",".join(SCRIPTS), help="row names, comma-separated (see SCRIPTS)"
     )
-    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--seeds", type=int, default=SEEDS)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
     p.add_argument(
         "--budget",
@@ -388,7 +433,9 @@ def main() -> None:
         "task's); the cell records the steps it ran",
     )
     p.add_argument(
-        "--report", action="store_true", help="only rewrite docs/results.md and the PNGs"
+        "--report",
+        action="store_true",
+        help="only rewrite docs/results.md, the PNGs and the tables of README.md and docs/algorithms/",
     )
     args = p.parse_args()
     tasks, scripts = args.tasks.split(","), args.scripts.split(",")
@@ -420,6 +467,7 @@ def main() -> None:
     RANDOM.write_text(json.dumps(randoms, indent=1, sort_keys=True))
     draw(cells)
     REPORT.write_text(report(cells, randoms) + "\n")
+    write_tables(cells)
 
 
 if __name__ == "__main__":
