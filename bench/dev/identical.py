@@ -33,35 +33,23 @@ SCRIPTS = ("awr", "ppo_joint", "actor_critic", "reinforce", "dqn_value", "skip_t
 NO_NORMALIZE = ("dqn_value",)  # its Q-network sees raw observations: no --normalize-obs flag
 STEPS = {"dqn_value": 600, "reinforce": 12_288}  # three epochs (others: 1024-step epochs)
 VARIANTS = {
-    "default": ["--n-devices", "1"],
-    "normalize": ["--n-devices", "1", "--normalize-obs"],
-    "seeds2": ["--n-devices", "1", "--num-seeds", "2"],
-    "devices2": ["--n-devices", "2"],
+    "default": "--n-devices 1",
+    "normalize": "--n-devices 1 --normalize-obs",
+    "seeds2": "--n-devices 1 --num-seeds 2",
+    "devices2": "--n-devices 2",
 }
 TIMINGS = ("sps", "wall_time_s", "compile_time_s", "train_time_s")
 
 
 def cases(only):
     for script in only:
-        for name, flags in VARIANTS.items():
+        common = (
+            f"--seed 3 --total-steps {STEPS.get(script, 3072)} --eval-every 2 --eval-episodes 4"
+        )
+        for name, variant in VARIANTS.items():
             if name == "normalize" and script in NO_NORMALIZE:
                 continue
-            yield (
-                script,
-                name,
-                [
-                    "--seed",
-                    "3",
-                    "--total-steps",
-                    str(STEPS.get(script, 3072)),
-                    "--eval-every",
-                    "2",
-                    "--eval-episodes",
-                    "4",
-                    "--no-compile-cache",
-                    *flags,
-                ],
-            )
+            yield script, name, f"{common} --no-compile-cache {variant}".split()
 
 
 def checkout(side: str, tmp: Path) -> tuple[Path, str | None]:

@@ -62,19 +62,9 @@ def train(code: Path, script: str, flags: list[str], out: Path, cache: Path) -> 
         "PYTHONPATH": str(code),  # that checkout's common/, not the one pip installed
     }
     env.pop("XLA_FLAGS", None)
+    cmd = [sys.executable, f"algos/{script}.py", "--n-devices", "1", "--eval-every", "0", *flags]
     done = subprocess.run(
-        [
-            sys.executable,
-            f"algos/{script}.py",
-            "--n-devices",
-            "1",
-            "--eval-every",
-            "0",
-            *flags,
-            "--out-dir",
-            str(out),
-            "--overwrite",
-        ],
+        cmd + ["--out-dir", str(out), "--overwrite"],
         cwd=code,
         env=env,
         capture_output=True,

@@ -24,6 +24,8 @@ from typing import NamedTuple
 from bench.results import ROOT, commit, machine, write_section
 
 MUTATIONS_MD = ROOT / "bench" / "dev" / "MUTATIONS.md"
+# the fast tests, stopping at the first failure
+PYTEST = ["-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider"]
 
 
 class Mutation(NamedTuple):
@@ -298,18 +300,7 @@ def run_one(mutation: Mutation, timeout: float) -> tuple[str, float, str]:
         t0 = time.time()
         try:
             proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-x",
-                    "-m",
-                    "not slow",
-                    "-p",
-                    "no:cacheprovider",
-                    *tests,
-                ],
+                [sys.executable, *PYTEST, *tests],
                 cwd=tree,
                 capture_output=True,
                 text=True,

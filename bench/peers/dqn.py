@@ -13,26 +13,11 @@ this benchmark's entry of bench/RESULTS.md, leaving the others alone.
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import sys
 from pathlib import Path
 
-from bench.peers.runs import (
-    HERE,
-    PEER_PY,
-    launch_peer,
-    launch_run,
-    measured,
-    need_peer,
-    parser,
-    returns,
-    race,
-    shown,
-    spread,
-    verdicts,
-)
-from bench.results import SPEED, commit, med, write_section
+from bench.peers import runs
+from bench.results import SPEED, med
 
 SECTION = "### DQN (dqn_value) vs Rejax DQN, CartPole-v1"
 
@@ -61,75 +46,30 @@ TARGETS = "our wall <= 0.8x Rejax; our return >= Rejax"
 def ours_cmd(seed: int, out_dir: Path, cold: bool) -> list[str]:
     c, steps = CONFIG, OURS_EPOCH["num_steps"]
     per_epoch = c["num_envs"] * steps
-    cmd = [
-        sys.executable,
-        "algos/dqn_value.py",
-        "--env",
-        "CartPole-v1",
-        "--num-envs",
-        str(c["num_envs"]),
-        "--num-steps",
-        str(steps),
-        "--update-steps",
-        str(int(per_epoch * c["updates_per_env_step"])),
-        "--batch-size",
-        str(c["batch_size"]),
-        "--n-replay-epochs",
-        str(c["replay"] // per_epoch),
-        "--total-steps",
-        str(c["total_steps"]),
-        "--gamma",
-        str(c["gamma"]),
-        "--hidden",
-        "64",
-        "64",
-        "--lr",
-        "1e-3",
-        "--n-devices",
-        "1",
-        "--eval-every",
-        "0",
-        "--eval-episodes",
-        "32",
-        "--seed",
-        str(seed),
-        "--out-dir",
-        str(out_dir),
-    ]
-    return cmd + (["--no-compile-cache"] if cold else [])
+    flags = (
+        f"--env CartPole-v1 --num-envs {c['num_envs']} --num-steps {steps} "
+        f"--update-steps {int(per_epoch * c['updates_per_env_step'])} "
+        f"--batch-size {c['batch_size']} --n-replay-epochs {c['replay'] // per_epoch} "
+        f"--total-steps {c['total_steps']} --gamma {c['gamma']} --hidden 64 64 --lr 1e-3"
+    )
+    return runs.race_cmd("algos/dqn_value.py", flags, seed, out_dir, cold)
 
 
 def rejax_cmd(seed: int) -> list[str]:
     c = CONFIG
-    return [
-        str(PEER_PY),
-        f"{HERE}/rejax_dqn.py",
-        "--env",
-        "CartPole-v1",
-        "--num-envs",
-        str(c["num_envs"]),
-        "--buffer-size",
-        str(c["replay"]),
-        "--fill-buffer",
-        str(REJAX_FILL),
-        "--batch-size",
-        str(c["batch_size"]),
-        "--num-epochs",
-        str(int(c["num_envs"] * c["updates_per_env_step"])),
-        "--total-timesteps",
-        str(c["total_steps"]),
-        "--gamma",
-        str(c["gamma"]),
-        "--eval-episodes",
-        "32",
-        "--seed",
-        str(seed),
-    ]
+    flags = (
+        f"--env CartPole-v1 --num-envs {c['num_envs']} --buffer-size {c['replay']} "
+        f"--fill-buffer {REJAX_FILL} --batch-size {c['batch_size']} "
+        f"--num-epochs {int(c['num_envs'] * c['updates_per_env_step'])} "
+        f"--total-timesteps {c['total_steps']} --gamma {c['gamma']} "
+        f"--eval-episodes 32 --seed {seed}"
+    )
+    return [str(runs.PEER_PY), f"{runs.HERE}/rejax_dqn.py", *flags.split()]
 
 
 def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
     out = scratch / f"ours-{'cold' if cold else 'warm'}-{seed}"
-    wall, s = launch_run(ours_cmd(seed, out, cold), out, timeout)
+    wall, s = runs.launch_run(ours_cmd(seed, out, cold), out, timeout)
     return {
         "wall": wall,
         "startup": wall - s["wall_time_s"],
@@ -144,7 +84,7 @@ def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
 
 
 def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
-    wall, r = launch_peer(rejax_cmd(seed), scratch / f"rejax-{seed}.log", timeout)
+    wall, r = runs.launch_peer(rejax_cmd(seed), scratch / f"rejax-{seed}.log", timeout)
     return {
         "wall": wall,
         "startup": r["import_s"],
@@ -164,74 +104,45 @@ def table(sides: dict[str, list[dict]]) -> str:
         "gradient steps | updates/s | greedy return |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, runs in sides.items():
-        rate = statistics.median(r["updates"] / r["train"] for r in runs)
+    for name, side in sides.items():
+        rate = statistics.median(r["updates"] / r["train"] for r in side)
         rows.append(
-            f"| {name} | {spread(runs, 'wall', '.1f')} | {med(runs, 'startup'):.2f} "
-            f"| {med(runs, 'compile'):.2f} | {med(runs, 'train'):.2f} | {med(runs, 'other'):.2f} | "
-            f"{spread(runs, 'sps', ',.0f')} | {med(runs, 'updates'):,.0f} | {rate:,.0f} "
-            f"| {returns(runs)} |"
+            f"| {name} | {runs.spread(side, 'wall', '.1f')} | {med(side, 'startup'):.2f} "
+            f"| {med(side, 'compile'):.2f} | {med(side, 'train'):.2f} | {med(side, 'other'):.2f} | "
+            f"{runs.spread(side, 'sps', ',.0f')} | {med(side, 'updates'):,.0f} | {rate:,.0f} "
+            f"| {runs.returns(side)} |"
         )
     return "\n".join(rows)
 
 
 def targets(sides: dict[str, list[dict]]) -> str:
-    cold, warm, rejax = sides["ours, cold"], sides["ours, warm cache"], sides["Rejax"]
-    ret_o, ret_r = statistics.mean(r["ret"] for r in cold), statistics.mean(r["ret"] for r in rejax)
-    wall_cold, wall_warm, wall_rejax = med(cold, "wall"), med(warm, "wall"), med(rejax, "wall")
-    return verdicts(
+    sps_cold, sps_rejax = med(sides["ours, cold"], "sps"), med(sides["Rejax"], "sps")
+    return runs.verdicts(
         [
-            (
-                "total wall time, ours cold / Rejax",
-                wall_cold / wall_rejax,
-                "<= 0.80",
-                wall_cold <= 0.8 * wall_rejax,
-                "wall time",
-            ),
-            (
-                "total wall time, ours warm / Rejax (secondary)",
-                wall_warm / wall_rejax,
-                "<= 0.80",
-                wall_warm <= 0.8 * wall_rejax,
-                None,
-            ),
+            *runs.wall_checks(sides),
             (
                 "steady SPS, ours cold / Rejax",
-                med(cold, "sps") / med(rejax, "sps"),
+                sps_cold / sps_rejax,
                 "(reported)",
-                med(cold, "sps") >= med(rejax, "sps"),
+                sps_cold >= sps_rejax,
                 None,
             ),
-            (
-                f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})",
-                ret_o - ret_r,
-                ">= 0",
-                ret_o >= ret_r,
-                "return",
-            ),
+            runs.return_check(sides),
         ]
     )
 
 
 def main():
-    args = parser(__doc__, runs=2, timeout=600).parse_args()
-    need_peer()
+    args = runs.parser(__doc__, runs=2, timeout=600).parse_args()
 
-    scratch, load_start, sides = race("bench-dqn-", run_ours, run_rejax, args)
+    load_start, sides = runs.race("bench-dqn-", run_ours, run_rejax, args)
     tbl, ver = table(sides), targets(sides)
     print("\n" + tbl + "\n\n" + ver)
-    if not args.keep:
-        shutil.rmtree(scratch)
     if args.no_write:
         return
 
     c = CONFIG
-    head = measured(
-        f".venv/bin/python {HERE}/dqn.py --runs {args.runs} --seed {args.seed}",
-        load_start,
-        commit("algos/dqn_value.py", "common/"),
-        sides["Rejax"][0]["versions"],
-    )
+    head = runs.race_measured("dqn.py", args, load_start, sides, "algos/dqn_value.py", "common/")
     body = f"""
 {head}
 
@@ -250,9 +161,9 @@ one after the other; one warm-up run of ours fills the cache first.
 Commands (SEED = round seed):
 
 ```
-{shown(ours_cmd(0, Path("/tmp/bench-dqn/ours-SEED"), cold=True))}
-{shown(ours_cmd(0, Path("/tmp/bench-dqn/ours-SEED"), cold=False))}   # warm cache
-{shown(rejax_cmd(0))}
+{runs.shown(ours_cmd(0, Path("/tmp/bench-dqn/ours-SEED"), cold=True))}
+{runs.shown(ours_cmd(0, Path("/tmp/bench-dqn/ours-SEED"), cold=False))}   # warm cache
+{runs.shown(rejax_cmd(0))}
 ```
 
 Medians over {args.runs} runs, (min-max) in brackets; return: mean over runs, per-run values in brackets.
@@ -293,8 +204,7 @@ Differences that remain in the matched work:
 - The machine is shared: other jobs may run at the same time (see the load average); interleaving the
   sides spreads that noise over both.
 """
-    write_section(SECTION, body, Path(args.results), under=SPEED)
-    print(f"\nwrote {args.results}")
+    runs.write(SECTION, body, args, under=SPEED)
 
 
 if __name__ == "__main__":

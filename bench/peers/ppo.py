@@ -15,26 +15,12 @@ of bench/RESULTS.md, leaving the others alone.
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import sys
 from pathlib import Path
 
-from bench.peers.runs import (
-    HERE,
-    PEER_PY,
-    launch_peer,
-    launch_run,
-    measured,
-    need_peer,
-    parser,
-    returns,
-    race,
-    shown,
-    spread,
-    verdicts,
-)
-from bench.results import SPEED, commit, launch, med, write_section
+from bench.peers import runs
+from bench.results import SPEED, launch, med
 
 SECTION = "### PPO (ppo_joint) vs Rejax PPO, CartPole-v1"
 
@@ -61,98 +47,36 @@ TARGETS = "our wall <= 0.8x Rejax; our steady SPS >= 1.25x Rejax; our return >= 
 
 def ours_cmd(seed: int, out_dir: Path, cold: bool) -> list[str]:
     c = CONFIG
-    cmd = [
-        sys.executable,
-        "algos/ppo_joint.py",
-        "--env",
-        "CartPole-v1",
-        "--num-envs",
-        str(c["num_envs"]),
-        "--num-steps",
-        str(c["num_steps"]),
-        "--update-passes",
-        str(c["update_epochs"]),
-        "--num-minibatches",
-        str(c["num_minibatches"]),
-        "--total-steps",
-        str(c["total_steps"]),
-        "--gamma",
-        str(c["gamma"]),
-        "--gae-lambda",
-        str(c["gae_lambda"]),
-        "--clip-eps",
-        str(c["clip_eps"]),
-        "--max-grad-norm",
-        str(c["max_grad_norm"]),
-        "--hidden",
-        "64",
-        "64",
-        "--activation",
-        "tanh",
-        "--n-devices",
-        "1",
-        "--eval-every",
-        "0",
-        "--eval-episodes",
-        "32",
-        "--seed",
-        str(seed),
-        "--out-dir",
-        str(out_dir),
-    ]
-    return cmd + (["--no-compile-cache"] if cold else [])
+    flags = (
+        f"--env CartPole-v1 --num-envs {c['num_envs']} --num-steps {c['num_steps']} "
+        f"--update-passes {c['update_epochs']} --num-minibatches {c['num_minibatches']} "
+        f"--total-steps {c['total_steps']} --gamma {c['gamma']} --gae-lambda {c['gae_lambda']} "
+        f"--clip-eps {c['clip_eps']} --max-grad-norm {c['max_grad_norm']} "
+        "--hidden 64 64 --activation tanh"
+    )
+    return runs.race_cmd("algos/ppo_joint.py", flags, seed, out_dir, cold)
 
 
 def rejax_cmd(seed: int) -> list[str]:
-    c = CONFIG
-    return [
-        str(PEER_PY),
-        f"{HERE}/rejax_ppo.py",
-        "--env",
-        "CartPole-v1",
-        "--num-envs",
-        str(c["num_envs"]),
-        "--num-steps",
-        str(c["num_steps"]),
-        "--num-epochs",
-        str(c["update_epochs"]),
-        "--num-minibatches",
-        str(c["num_minibatches"]),
-        "--lr",
-        str(REJAX_HPARAMS["lr"]),
-        "--total-timesteps",
-        str(c["total_steps"]),
-        "--hidden",
-        "64",
-        "64",
-        "--activation",
-        "tanh",
-        "--gamma",
-        str(c["gamma"]),
-        "--gae-lambda",
-        str(c["gae_lambda"]),
-        "--clip-eps",
-        str(c["clip_eps"]),
-        "--ent-coef",
-        str(REJAX_HPARAMS["ent_coef"]),
-        "--vf-coef",
-        str(REJAX_HPARAMS["vf_coef"]),
-        "--max-grad-norm",
-        str(c["max_grad_norm"]),
-        "--eval-episodes",
-        "32",
-        "--seed",
-        str(seed),
-    ]
+    c, h = CONFIG, REJAX_HPARAMS
+    flags = (
+        f"--env CartPole-v1 --num-envs {c['num_envs']} --num-steps {c['num_steps']} "
+        f"--num-epochs {c['update_epochs']} --num-minibatches {c['num_minibatches']} "
+        f"--lr {h['lr']} --total-timesteps {c['total_steps']} --hidden 64 64 --activation tanh "
+        f"--gamma {c['gamma']} --gae-lambda {c['gae_lambda']} --clip-eps {c['clip_eps']} "
+        f"--ent-coef {h['ent_coef']} --vf-coef {h['vf_coef']} --max-grad-norm {c['max_grad_norm']} "
+        f"--eval-episodes 32 --seed {seed}"
+    )
+    return [str(runs.PEER_PY), f"{runs.HERE}/rejax_ppo.py", *flags.split()]
 
 
 def ceiling_cmd() -> list[str]:
-    return [sys.executable, f"{HERE}/ceiling.py", "--num-envs", str(CONFIG["num_envs"])]
+    return [sys.executable, f"{runs.HERE}/ceiling.py", "--num-envs", str(CONFIG["num_envs"])]
 
 
 def under_phases(cmd: list[str], out: Path, modules: str) -> list[str]:
     """cmd (interpreter, script, flags) run by phases.py, which writes its phases to out."""
-    return [cmd[0], f"{HERE}/phases.py", str(out), "--import", modules, "--", *cmd[1:]]
+    return [cmd[0], f"{runs.HERE}/phases.py", str(out), "--import", modules, "--", *cmd[1:]]
 
 
 def phases_of(path: Path, wall: float) -> dict:
@@ -170,7 +94,7 @@ def phases_of(path: Path, wall: float) -> dict:
 def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
     out = scratch / f"ours-{'cold' if cold else 'warm'}-{seed}"
     cmd = under_phases(ours_cmd(seed, out, cold), scratch / f"{out.name}.json", "jax,common.run")
-    wall, s = launch_run(cmd, out, timeout)
+    wall, s = runs.launch_run(cmd, out, timeout)
     ph = phases_of(scratch / f"{out.name}.json", wall)
     raw = ph.pop("raw")
     split = {
@@ -202,7 +126,7 @@ def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
 
 def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
     path = scratch / f"rejax-{seed}.json"
-    wall, r = launch_peer(
+    wall, r = runs.launch_peer(
         under_phases(rejax_cmd(seed), path, "jax,rejax"), scratch / f"rejax-{seed}.log", timeout
     )
     ph = phases_of(path, wall)
@@ -228,18 +152,7 @@ def run_rejax(seed: int, scratch: Path, timeout: float) -> dict:
     }
 
 
-BREAKDOWN = [
-    "startup",
-    "import",
-    "devices",
-    "prepare",
-    "programs",
-    "init",
-    "train",
-    "evaluate",
-    "checkpoint",
-    "other",
-]
+BREAKDOWN = "startup import devices prepare programs init train evaluate checkpoint other".split()
 
 
 def breakdown(sides: dict[str, list[dict]]) -> str:
@@ -249,11 +162,11 @@ def breakdown(sides: dict[str, list[dict]]) -> str:
         "| side | wall s | " + " | ".join(BREAKDOWN) + " | trace / lower / XLA compile (summed) |",
         "|---|" + "---:|" * (len(BREAKDOWN) + 2),
     ]
-    for name, runs in sides.items():
+    for name, side in sides.items():
         rows.append(
-            f"| {name} | {med(runs, 'wall'):.2f} | "
-            + " | ".join(f"{med(runs, k):.2f}" for k in BREAKDOWN)
-            + f" | {med(runs, 'trace'):.2f} / {med(runs, 'lower'):.2f} / {med(runs, 'compile'):.2f} |"
+            f"| {name} | {med(side, 'wall'):.2f} | "
+            + " | ".join(f"{med(side, k):.2f}" for k in BREAKDOWN)
+            + f" | {med(side, 'trace'):.2f} / {med(side, 'lower'):.2f} / {med(side, 'compile'):.2f} |"
         )
     return "\n".join(rows)
 
@@ -263,10 +176,11 @@ def table(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
         "| side | wall s | compile s | train s | steady SPS | greedy return |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for name, runs in sides.items():
+    for name, side in sides.items():
         rows.append(
-            f"| {name} | {spread(runs, 'wall', '.1f')} | {med(runs, 'compile_wall'):.2f} "
-            f"| {med(runs, 'train'):.2f} | {spread(runs, 'sps', ',.0f')} | {returns(runs)} |"
+            f"| {name} | {runs.spread(side, 'wall', '.1f')} | {med(side, 'compile_wall'):.2f} "
+            f"| {med(side, 'train'):.2f} | {runs.spread(side, 'sps', ',.0f')} "
+            f"| {runs.returns(side)} |"
         )
     rows.append(
         f"| ceiling (bare rollout, {CONFIG['num_envs']} envs) | | | "
@@ -276,27 +190,12 @@ def table(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
 
 
 def targets(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
-    cold, warm, rejax = sides["ours, cold"], sides["ours, warm cache"], sides["Rejax"]
     ceil = statistics.median(ceiling)
-    ret_o, ret_r = statistics.mean(r["ret"] for r in cold), statistics.mean(r["ret"] for r in rejax)
-    wall_cold, wall_warm, wall_rejax = med(cold, "wall"), med(warm, "wall"), med(rejax, "wall")
-    sps_cold, sps_warm, sps_rejax = med(cold, "sps"), med(warm, "sps"), med(rejax, "sps")
-    return verdicts(
+    sps_cold, sps_warm = med(sides["ours, cold"], "sps"), med(sides["ours, warm cache"], "sps")
+    sps_rejax = med(sides["Rejax"], "sps")
+    return runs.verdicts(
         [
-            (
-                "total wall time, ours cold / Rejax",
-                wall_cold / wall_rejax,
-                "<= 0.80",
-                wall_cold <= 0.8 * wall_rejax,
-                "wall time",
-            ),
-            (
-                "total wall time, ours warm / Rejax (secondary)",
-                wall_warm / wall_rejax,
-                "<= 0.80",
-                wall_warm <= 0.8 * wall_rejax,
-                None,
-            ),
+            *runs.wall_checks(sides),
             (
                 "steady SPS, ours cold / Rejax",
                 sps_cold / sps_rejax,
@@ -311,13 +210,7 @@ def targets(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
                 sps_warm >= 1.25 * sps_rejax,
                 None,
             ),
-            (
-                f"greedy return, ours cold - Rejax ({ret_o:.1f} vs {ret_r:.1f})",
-                ret_o - ret_r,
-                ">= 0",
-                ret_o >= ret_r,
-                "return",
-            ),
+            runs.return_check(sides),
             (
                 "steady SPS, ours cold / ceiling",
                 sps_cold / ceil,
@@ -330,8 +223,7 @@ def targets(sides: dict[str, list[dict]], ceiling: list[float]) -> str:
 
 
 def main():
-    args = parser(__doc__, runs=3, timeout=300).parse_args()
-    need_peer()
+    args = runs.parser(__doc__, runs=3, timeout=300).parse_args()
 
     ceiling = []
 
@@ -341,20 +233,13 @@ def main():
         )
         return f", ceiling {ceiling[-1]:,.0f} sps"
 
-    scratch, load_start, sides = race("bench-ppo-", run_ours, run_rejax, args, measure_ceiling)
+    load_start, sides = runs.race("bench-ppo-", run_ours, run_rejax, args, measure_ceiling)
     tbl, ver, brk = table(sides, ceiling), targets(sides, ceiling), breakdown(sides)
     print("\n" + tbl + "\n\n" + brk + "\n\n" + ver)
-    if not args.keep:
-        shutil.rmtree(scratch)
     if args.no_write:
         return
 
-    head = measured(
-        f".venv/bin/python {HERE}/ppo.py --runs {args.runs} --seed {args.seed}",
-        load_start,
-        commit("algos/", "common/"),
-        sides["Rejax"][0]["versions"],
-    )
+    head = runs.race_measured("ppo.py", args, load_start, sides, "algos/", "common/")
     body = f"""
 {head}
 
@@ -369,10 +254,10 @@ runs ours cold, Rejax, ours warm, ceiling, one after the other; one warm-up run 
 Commands (SEED = round seed):
 
 ```
-{shown(ours_cmd(0, Path("/tmp/bench-ppo/ours-SEED"), cold=True))}
-{shown(ours_cmd(0, Path("/tmp/bench-ppo/ours-SEED"), cold=False))}   # warm cache
-{shown(rejax_cmd(0))}
-{shown(ceiling_cmd())}
+{runs.shown(ours_cmd(0, Path("/tmp/bench-ppo/ours-SEED"), cold=True))}
+{runs.shown(ours_cmd(0, Path("/tmp/bench-ppo/ours-SEED"), cold=False))}   # warm cache
+{runs.shown(rejax_cmd(0))}
+{runs.shown(ceiling_cmd())}
 ```
 
 Medians over {args.runs} runs, (min-max) in brackets; return: mean over runs, per-run values in brackets.
@@ -412,8 +297,7 @@ Differences that remain in the matched work:
 - The machine is shared: other jobs may run at the same time (see the load average); interleaving the
   sides spreads that noise over both.
 """
-    write_section(SECTION, body, Path(args.results), under=SPEED)
-    print(f"\nwrote {args.results}")
+    runs.write(SECTION, body, args, under=SPEED)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""What rejax_ppo.py and rejax_dqn.py share: their common flags, the greedy evaluation, the timed
-training and the JSON line they print.
+"""What rejax_ppo.py and rejax_dqn.py share: their common flags, Rejax's config made from them, the
+greedy evaluation, the timed training and the JSON line they print.
 
 The Rejax drivers run in the peer venv (bench/.peer-venv, made by setup_peer.sh), where this project
 is not installed, so `bench.peers` cannot be imported there. They import this file as the plain
@@ -42,6 +42,36 @@ def parse(p: argparse.ArgumentParser, max_grad_norm: float) -> argparse.Namespac
         help="greedy evaluations in training every this many env steps, each timed (0: none)",
     )
     return p.parse_args()
+
+
+def config(args: argparse.Namespace, total: int, as_given: str, **settings) -> dict:
+    """Rejax's config for a run of total env steps: --env, --max-grad-norm and the flags both
+    drivers have (--lr as learning_rate, --num-envs, --num-epochs, --gamma), the flags named in
+    as_given (space-separated; Rejax takes them under their own names), in-training evaluation
+    every --eval-freq steps (0: one evaluation period, the whole run, and none before it), and
+    settings."""
+    return {
+        "env": args.env,
+        "max_grad_norm": args.max_grad_norm,
+        "learning_rate": args.lr,
+        "num_envs": args.num_envs,
+        "num_epochs": args.num_epochs,
+        "gamma": args.gamma,
+        **{name: getattr(args, name) for name in as_given.split()},
+        "total_timesteps": total,
+        "eval_freq": args.eval_freq or total,
+        "skip_initial_evaluation": True,
+        **settings,
+    }
+
+
+def run(t_start: float, algorithm: str, config: dict, args, params_of, scores, **extra) -> None:
+    """Imports Rejax (timed), creates its algorithm with config, trains and evaluates it (`train`)
+    and prints the JSON line (`report`, with extra)."""
+    rejax, import_s = import_rejax()
+    algo = rejax.get_algo(algorithm).create(**config)
+    ts, measured = train(algo, args, params_of, scores)
+    report(t_start, import_s, ts, config["total_timesteps"], measured, **extra)
 
 
 def import_rejax():

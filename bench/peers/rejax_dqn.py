@@ -31,6 +31,10 @@ except ModuleNotFoundError:  # imported as bench.peers.rejax_dqn in the project'
     from bench.peers import rejax_common
 
 
+def q_values(algo, params, obs):
+    return algo.agent.apply(params, obs)
+
+
 def parse_args():
     p = rejax_common.parser(__doc__)
     p.add_argument("--num-envs", type=int, default=10)
@@ -40,10 +44,7 @@ def parse_args():
     )
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument(
-        "--num-epochs",
-        type=int,
-        default=5,
-        help="gradient steps per iteration (num-envs env steps)",
+        "--num-epochs", type=int, default=5, help="gradient steps after each step of the envs"
     )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--total-timesteps", type=int, default=100_000)
@@ -51,45 +52,27 @@ def parse_args():
     p.add_argument("--activation", default="swish")
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--polyak", type=float, default=0.98)
-    p.add_argument("--eps-end", type=float, default=0.05)
+    p.add_argument("--eps-end", type=float, default=0.05, help="epsilon at the end of its decay")
     p.add_argument("--exploration-fraction", type=float, default=0.5)
     return rejax_common.parse(p, max_grad_norm=10.0)
 
 
-def q_values(algo, params, obs):
-    return algo.agent.apply(params, obs)
-
-
 if __name__ == "__main__":
     args = parse_args()
-    rejax, import_s = rejax_common.import_rejax()
-
     total = args.total_timesteps // args.num_envs * args.num_envs
-    algo = rejax.get_algo("dqn").create(
-        env=args.env,
-        agent=args.agent,
+    config = rejax_common.config(
+        args,
+        total,
+        as_given="agent buffer_size fill_buffer batch_size polyak eps_end exploration_fraction",
         agent_kwargs={"activation": args.activation},
-        num_envs=args.num_envs,
-        buffer_size=args.buffer_size,
-        fill_buffer=args.fill_buffer,
-        batch_size=args.batch_size,
-        num_epochs=args.num_epochs,
-        learning_rate=args.lr,
-        max_grad_norm=args.max_grad_norm,
-        total_timesteps=total,
-        eval_freq=args.eval_freq or total,
-        skip_initial_evaluation=True,
-        gamma=args.gamma,
-        polyak=args.polyak,
         eps_start=1.0,
-        eps_end=args.eps_end,
-        exploration_fraction=args.exploration_fraction,
         ddqn=True,
     )
-    ts, measured = rejax_common.train(algo, args, lambda ts: ts.q_ts.params, q_values)
     # an iteration updates iff its starting global step exceeds fill_buffer (Rejax's
     # DQN.train_iteration)
     updates = args.num_epochs * sum(
         1 for i in range(total // args.num_envs) if i * args.num_envs > args.fill_buffer
     )
-    rejax_common.report(T_START, import_s, ts, total, measured, updates=updates)
+    rejax_common.run(
+        T_START, "dqn", config, args, lambda ts: ts.q_ts.params, q_values, updates=updates
+    )

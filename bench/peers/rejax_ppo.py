@@ -26,6 +26,10 @@ except ModuleNotFoundError:  # imported as bench.peers.rejax_ppo in the project'
     from bench.peers import rejax_common
 
 
+def logits(algo, params, obs):
+    return algo.actor.apply(params, obs, method=lambda m, x: m._action_dist(x).logits)
+
+
 def parse_args():
     p = rejax_common.parser(__doc__)
     p.add_argument("--num-envs", type=int, default=5)
@@ -44,33 +48,14 @@ def parse_args():
     return rejax_common.parse(p, max_grad_norm=0.5)
 
 
-def logits(algo, params, obs):
-    return algo.actor.apply(params, obs, method=lambda m, x: m._action_dist(x).logits)
-
-
 if __name__ == "__main__":
     args = parse_args()
-    rejax, import_s = rejax_common.import_rejax()
-
     steps_per_iter = args.num_envs * args.num_steps
     total = args.total_timesteps // steps_per_iter * steps_per_iter
-    algo = rejax.get_algo("ppo").create(
-        env=args.env,
+    config = rejax_common.config(
+        args,
+        total,
+        as_given="num_steps num_minibatches gae_lambda clip_eps ent_coef vf_coef",
         agent_kwargs={"activation": args.activation, "hidden_layer_sizes": tuple(args.hidden)},
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        num_epochs=args.num_epochs,
-        num_minibatches=args.num_minibatches,
-        learning_rate=args.lr,
-        max_grad_norm=args.max_grad_norm,
-        total_timesteps=total,
-        eval_freq=args.eval_freq or total,
-        skip_initial_evaluation=True,
-        gamma=args.gamma,
-        gae_lambda=args.gae_lambda,
-        clip_eps=args.clip_eps,
-        ent_coef=args.ent_coef,
-        vf_coef=args.vf_coef,
     )
-    ts, measured = rejax_common.train(algo, args, lambda ts: ts.actor_ts.params, logits)
-    rejax_common.report(T_START, import_s, ts, total, measured)
+    rejax_common.run(T_START, "ppo", config, args, lambda ts: ts.actor_ts.params, logits)

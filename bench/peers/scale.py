@@ -23,15 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.peers.runs import (
-    HERE,
-    PEER_PY,
-    launch_peer,
-    launch_run,
-    load_average,
-    measured,
-    need_peer,
-)
+from bench.peers.runs import HERE, PEER_PY, launch_peer, launch_run, measured, start
 from bench.results import SCALE, commit, launch, write_section
 
 SECTION = "### Throughput at scale: ppo_joint vs Rejax PPO and the ceilings, CartPole-v1"
@@ -43,67 +35,25 @@ def total_steps(n: int) -> int:
 
 
 def measure(n: int, scratch: Path, timeout: float) -> dict:
-    steps, sizes = total_steps(n), ["--num-envs", str(n)]
-    out = scratch / f"ours-{n}"
-    _, summary = launch_run(
-        [
-            sys.executable,
-            "algos/ppo_joint.py",
-            *sizes,
-            "--num-steps",
-            str(T),
-            "--update-passes",
-            str(EPOCHS),
-            "--num-minibatches",
-            str(MINIBATCHES),
-            "--total-steps",
-            str(steps),
-            "--n-devices",
-            "1",
-            "--eval-every",
-            "0",
-            "--eval-episodes",
-            "4",
-            "--out-dir",
-            str(out),
-        ],
-        out,
-        timeout,
+    steps, out = total_steps(n), scratch / f"ours-{n}"
+    ours = (
+        f"--num-envs {n} --num-steps {T} --update-passes {EPOCHS} --num-minibatches {MINIBATCHES} "
+        f"--total-steps {steps} --n-devices 1 --eval-every 0 --eval-episodes 4"
     )
-    _, rejax = launch_peer(
-        [
-            str(PEER_PY),
-            f"{HERE}/rejax_ppo.py",
-            *sizes,
-            "--num-steps",
-            str(T),
-            "--num-epochs",
-            str(EPOCHS),
-            "--num-minibatches",
-            str(MINIBATCHES),
-            "--total-timesteps",
-            str(steps),
-            "--eval-episodes",
-            "4",
-        ],
-        scratch / f"rejax-{n}.log",
-        timeout,
+    cmd = [sys.executable, "algos/ppo_joint.py", *ours.split(), "--out-dir", str(out)]
+    _, summary = launch_run(cmd, out, timeout)
+    peer = (
+        f"--num-envs {n} --num-steps {T} --num-epochs {EPOCHS} --num-minibatches {MINIBATCHES} "
+        f"--total-timesteps {steps} --eval-episodes 4"
     )
-    ceiling = [
-        sys.executable,
-        f"{HERE}/ceiling.py",
-        *sizes,
-        "--num-steps",
-        str(steps // n),
-        "--rollout",
-        str(T),
-        "--reps",
-        "3",
-    ]
+    cmd = [str(PEER_PY), f"{HERE}/rejax_ppo.py", *peer.split()]
+    _, rejax = launch_peer(cmd, scratch / f"rejax-{n}.log", timeout)
+    ceiling = f"{HERE}/ceiling.py --num-envs {n} --num-steps {steps // n} --rollout {T} --reps 3"
+    ceiling = [sys.executable, *ceiling.split()]
     bare = json.loads(launch(ceiling, scratch / f"bare-{n}.log", timeout)[1])["sps"]
     compute = json.loads(
         launch(
-            ceiling + ["--update-epochs", str(EPOCHS), "--num-minibatches", str(MINIBATCHES)],
+            ceiling + f"--update-epochs {EPOCHS} --num-minibatches {MINIBATCHES}".split(),
             scratch / f"compute-{n}.log",
             timeout,
         )[1]
@@ -121,13 +71,7 @@ def measure(n: int, scratch: Path, timeout: float) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="16,64,256,1024,4096")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
-    p.add_argument(
-        "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
-    )
-    args = p.parse_args()
-    need_peer()
-    load_start = load_average()
+    args, load_start = start(p)
     rows = [
         "| envs | ours SPS | Rejax SPS | ours / Rejax | bare rollout SPS | compute ceiling SPS "
         "| ours / compute | ours / bare |",

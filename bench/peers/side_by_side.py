@@ -20,33 +20,27 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.peers.runs import HERE, launch_run, load_average, measured, parser
-from bench.results import ALGORITHMS, commit, med, write_section
+from bench.peers.runs import HERE, launch_run, load_average, measured, parser, write
+from bench.results import ALGORITHMS, commit, med
 
 SECTION = "### Algorithms side by side, CartPole-v1"
 THRESHOLD = 475.0
 # name -> script and flags; every entry runs with its script's defaults otherwise.
 ENTRIES = {
-    "ppo_joint": ["algos/ppo_joint.py"],
-    "awr": ["algos/awr.py"],
-    "awr --q-value --n-samples 4": ["algos/awr.py", "--q-value", "--n-samples", "4"],
-    "actor_critic": ["algos/actor_critic.py"],
-    "actor_critic --loss ppo": [
-        "algos/actor_critic.py",
-        "--loss",
-        "ppo",
-        "--policy-steps",
-        "16",
-        "--policy-batch-size",
-        "256",
-    ],
-    "reinforce --baseline": ["algos/reinforce.py", "--baseline"],
+    "ppo_joint": "algos/ppo_joint.py",
+    "awr": "algos/awr.py",
+    "awr --q-value --n-samples 4": "algos/awr.py --q-value --n-samples 4",
+    "actor_critic": "algos/actor_critic.py",
+    "actor_critic --loss ppo": (
+        "algos/actor_critic.py --loss ppo --policy-steps 16 --policy-batch-size 256"
+    ),
+    "reinforce --baseline": "algos/reinforce.py --baseline",
 }
-COMMON = ["--env", "CartPole-v1", "--n-devices", "1", "--eval-every", "0", "--no-compile-cache"]
+COMMON = "--env CartPole-v1 --n-devices 1 --eval-every 0 --no-compile-cache"
 
 
-def run_entry(args: list[str], seed: int, out: Path, timeout: float) -> dict:
-    cmd = [sys.executable, *args, *COMMON, "--seed", str(seed), "--out-dir", str(out)]
+def run_entry(entry: str, seed: int, out: Path, timeout: float) -> dict:
+    cmd = [sys.executable, *f"{entry} {COMMON} --seed {seed}".split(), "--out-dir", str(out)]
     wall, summary = launch_run(cmd, out, timeout)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps_per_epoch = lines[0]["env_steps"]
@@ -109,7 +103,7 @@ def main():
     if args.no_write:
         return
     commands = "\n".join(
-        f".venv/bin/python {' '.join(e)} {' '.join(COMMON)} --seed SEED" for e in ENTRIES.values()
+        f".venv/bin/python {entry} {COMMON} --seed SEED" for entry in ENTRIES.values()
     )
     head = measured(
         f".venv/bin/python {HERE}/side_by_side.py --runs {args.runs} --seed {args.seed}",
@@ -133,8 +127,7 @@ actions) average at least 475, per round. Greedy return: 32 episodes after train
 
 {tbl}
 """
-    write_section(SECTION, body, Path(args.results), under=ALGORITHMS)
-    print(f"\nwrote {args.results}")
+    write(SECTION, body, args, under=ALGORITHMS)
 
 
 if __name__ == "__main__":

@@ -32,33 +32,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.peers.runs import (
-    HERE,
-    PEER_PY,
-    launch_peer,
-    launch_run,
-    load_average,
-    measured,
-    need_peer,
-)
+from bench.peers.runs import HERE, PEER_PY, launch_peer, launch_run, measured, start
 from bench.results import SPEED, commit, write_section
 
 SECTION = "### Time to solve CartPole-v1 (greedy return 475), ours vs Rejax"
 TARGET = 475.0
-EVAL = ["--eval-episodes", "32", "--n-devices", "1"]
-# name: script flags; the evaluation interval in epochs: 10 x 1,024 steps, dqn 100 x 100 steps
+# name: script and flags; the evaluation interval in epochs: 10 x 1,024 steps, dqn 100 x 100 steps
 OURS = {
-    "ppo_joint": ["algos/ppo_joint.py", "--eval-every", "10"],
-    "awr": ["algos/awr.py", "--eval-every", "10"],
-    "awr --q-value --n-samples 4": [
-        "algos/awr.py",
-        "--q-value",
-        "--n-samples",
-        "4",
-        "--eval-every",
-        "10",
-    ],
-    "dqn_value": ["algos/dqn_value.py", "--eval-every", "100"],
+    "ppo_joint": "algos/ppo_joint.py --eval-every 10",
+    "awr": "algos/awr.py --eval-every 10",
+    "awr --q-value --n-samples 4": "algos/awr.py --q-value --n-samples 4 --eval-every 10",
+    "dqn_value": "algos/dqn_value.py --eval-every 100",
 }
 PEERS = {"Rejax PPO": f"{HERE}/rejax_ppo.py", "Rejax DQN": f"{HERE}/rejax_dqn.py"}
 SIDES = [f"{name}, {cache}" for name in OURS for cache in ("cold", "warm")] + list(PEERS)
@@ -66,17 +50,9 @@ SIDES = [f"{name}, {cache}" for name in OURS for cache in ("cold", "warm")] + li
 
 def run_ours(name: str, cold: bool, seed: int, scratch: Path, timeout: float) -> dict:
     out = scratch / f"ours{list(OURS).index(name)}-{'cold' if cold else 'warm'}-{seed}"
-    cmd = [
-        sys.executable,
-        *OURS[name],
-        *EVAL,
-        "--target-return",
-        str(TARGET),
-        "--seed",
-        str(seed),
-        "--out-dir",
-        str(out),
-    ] + (["--no-compile-cache"] if cold else [])
+    flags = f"{OURS[name]} --eval-episodes 32 --n-devices 1 --target-return {TARGET} --seed {seed}"
+    cmd = [sys.executable, *flags.split(), "--out-dir", str(out)]
+    cmd += ["--no-compile-cache"] if cold else []
     wall, s = launch_run(cmd, out, timeout)
     solved = s["target_return"]["reached"]
     return {
@@ -88,20 +64,9 @@ def run_ours(name: str, cold: bool, seed: int, scratch: Path, timeout: float) ->
 
 def run_peer(name: str, seed: int, scratch: Path, timeout: float) -> dict:
     t_launch = time.time()
-    _, r = launch_peer(
-        [
-            str(PEER_PY),
-            PEERS[name],
-            "--eval-freq",
-            "10000",
-            "--eval-episodes",
-            "32",
-            "--seed",
-            str(seed),
-        ],
-        scratch / f"{name.replace(' ', '-')}-{seed}.log",
-        timeout,
-    )
+    flags = f"--eval-freq 10000 --eval-episodes 32 --seed {seed}"
+    cmd = [str(PEER_PY), PEERS[name], *flags.split()]
+    _, r = launch_peer(cmd, scratch / f"{name.replace(' ', '-')}-{seed}.log", timeout)
     hit = next(((t, step) for t, step, ret in r["evaluations"] if ret >= TARGET), None)
     return {
         "seconds": hit[0] - t_launch if hit else math.inf,
@@ -137,13 +102,7 @@ def main() -> None:
     p.add_argument(
         "--only", default="", help="comma-separated side names (e.g. ppo_joint,Rejax PPO)"
     )
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
-    p.add_argument(
-        "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
-    )
-    args = p.parse_args()
-    need_peer()
-    load_start = load_average()
+    args, load_start = start(p)
     only = [s for s in args.only.split(",") if s]
     names = [n for n in list(OURS) + list(PEERS) if not only or n in only]
     results: dict[str, list[dict]] = {s: [] for s in SIDES if s.rsplit(",", 1)[0] in names}
