@@ -80,6 +80,10 @@ class Config(cli.RunConfig):
     the reward normalization: add --no-normalize-reward for Trax's scaling alone)"""
     n_shared_layers: int = 0
     """copy the policy net's first k hidden layers into the value net at each epoch start"""
+    torso: nets.Torso = "auto"
+    """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers
+    (image observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for
+    images, else mlp"""
     hidden: tuple[int, ...] = (64, 64)
     """hidden layer widths of each network"""
     activation: nets.Activation = "tanh"

@@ -84,6 +84,10 @@ class Config(cli.RunConfig):
     """divide Q by its std or mean absolute deviation before aggregating (with --q-value)"""
     reweight: bool = False
     """importance-weight sampled actions by pi(a|s) / mu(a|s) (with --q-value)"""
+    torso: nets.Torso = "auto"
+    """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers
+    (image observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for
+    images, else mlp"""
     hidden: tuple[int, ...] = (64, 64)
     """layer widths of both networks"""
     activation: nets.Activation = "tanh"

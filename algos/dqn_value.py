@@ -82,6 +82,10 @@ class Config(cli.RunConfig):
     """per-epoch decay factor of epsilon"""
     eps_min: float = 0.1
     """lowest epsilon"""
+    torso: nets.Torso = "auto"
+    """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers
+    (image observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for
+    images, else mlp"""
     hidden: tuple[int, ...] = (64, 64)
     """body layer widths"""
     activation: nets.Activation = "relu"

@@ -59,6 +59,10 @@ class Config(cli.RunConfig):
     """value loss coefficient c_v"""
     ent_coef: float = 0.0
     """entropy bonus coefficient c_ent"""
+    torso: nets.Torso = "auto"
+    """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers
+    (image observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for
+    images, else mlp"""
     hidden: tuple[int, ...] = (64, 64)
     """torso layer widths"""
     activation: nets.Activation = "tanh"

@@ -50,6 +50,10 @@ class Config(cli.RunConfig):
     """discount"""
     baseline: bool = False
     """subtract the mean return of the epoch's rollout (all devices) from every return"""
+    torso: nets.Torso = "auto"
+    """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers
+    (image observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for
+    images, else mlp"""
     hidden: tuple[int, ...] = (64, 64)
     """hidden layer widths"""
     activation: nets.Activation = "tanh"

@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import sys
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import chex
 import jax
@@ -44,9 +44,6 @@ class Config(cli.RunConfig):
     """gymnax environment id, or CartPoleNoVel-v1: CartPole-v1 with its velocities hidden"""
     total_steps: int = 200_000
     """environment steps to train for (per seed)"""
-    torso: Literal["mlp"] = "mlp"
-    """each observation of the window enters through one dense embedding (no convolution is built
-    for it)"""
     num_envs: int = 8
     """parallel environments (split over devices)"""
     num_steps: int = 128

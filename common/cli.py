@@ -51,10 +51,6 @@ class RunConfig:
     """devices to split the environments over (0: all local devices)"""
     total_steps: int = 500_000
     """environment steps to train for (per seed)"""
-    torso: typing.Literal["auto", "mlp", "conv"] = "auto"
-    """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers
-    (image observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for
-    images, else mlp"""
     eval_every: int = 50
     """greedy evaluation every this many epochs (0: only at the end)"""
     eval_episodes: int = 32
@@ -215,8 +211,9 @@ RENAMED = {
     "policy_lr_schedule": "anneal_lr",  # linear: true, constant: false
     "value_lr_schedule": "anneal_lr",
 }
-# Flags removed because they had one possible value in the scripts that had them.
-RETIRED = {"n_replay_epochs": 1}
+# Flags removed because they had one possible value in the scripts that had them (actor_critic's
+# replay of one epoch, skip_transformer's torso).
+RETIRED = {"n_replay_epochs": 1, "torso": "mlp"}
 
 
 def migrate(cls, saved: dict, where: str) -> dict:

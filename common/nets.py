@@ -21,6 +21,7 @@ import numpy as np
 from common import cli
 
 Activation = Literal["tanh", "relu"]
+Torso = Literal["auto", "mlp", "conv"]  # a script's --torso
 ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu}
 CONV_KERNEL, CONV_CHANNELS = 3, 16
 

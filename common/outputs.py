@@ -314,9 +314,13 @@ class Logger:
             if hasattr(env, "raw_obs_shape")
             else env.observation_space(trainer.env_params).shape
         )
-        torso = "conv" if nets.uses_conv(config.torso, shape) else "mlp"
+        # skip_transformer has no --torso: its Transformer embeds each observation
+        observes = f"observations {list(shape)}"
+        if hasattr(config, "torso"):
+            torso = "conv" if nets.uses_conv(config.torso, shape) else "mlp"
+            observes = f"{torso} torso for {observes}"
         print(
-            f"training {script} on {config.env} ({torso} torso for observations {list(shape)}): "
+            f"training {script} on {config.env} ({observes}): "
             f"{trainer.num_epochs} epochs of "
             f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
             + (f" x {runs // config.num_seeds} sweep members" if config.sweep else "")

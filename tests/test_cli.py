@@ -51,6 +51,10 @@ def test_help_lists_every_flag_with_default(tmp_path):
         flag = "--" + field.name.replace("_", "-")
         assert flag in text, flag
     assert "(default: 0.2)" in text and "PPO ratio clip epsilon" in text
+    # the algorithm's flags first, then the run flags under their own heading
+    own, run = text.split("the algorithm's flags:")[1].split("run flags, the same in every script")
+    assert "--clip-eps" in own and "--torso" in own and "--out-dir" not in own
+    assert "--out-dir" in run and "--num-seeds" in run and "--clip-eps" not in run
 
 
 def test_run_writes_outputs(tmp_path):

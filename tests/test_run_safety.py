@@ -514,6 +514,19 @@ def test_a_run_written_before_the_conv_torso_resumes_with_its_mlp(tmp_path):
     assert cli.load_config(dqn_value.Config, tmp_path).torso == "mlp"
 
 
+def test_a_skip_transformer_run_written_with_its_torso_flag_resumes_without_it(tmp_path):
+    """skip_transformer's --torso took only mlp and is gone (`cli.RETIRED`): a config.json that
+    holds it resumes, and the flag is no longer one of the script's."""
+    from algos import skip_transformer
+    from common import cli
+
+    saved = {**dataclasses.asdict(skip_transformer.Config()), "torso": "mlp"}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert cli.load_config(skip_transformer.Config, tmp_path) == skip_transformer.Config()
+    parser = cli.build_parser(skip_transformer.Config, "")
+    assert "--torso" not in parser._option_string_actions
+
+
 # 8. Bad values refused before anything compiles
 @pytest.mark.parametrize(
     "args, message",
