@@ -7,9 +7,10 @@ network has its own Adam optimizer, learning-rate schedule, batch size and numbe
 per epoch. One epoch -- a vectorized gymnax rollout, the advantages, the value updates, then the
 policy updates -- is one compiled function.
 
-    python algos/actor_critic.py                                  # CartPole-v1, A2C, GAE
-    python algos/actor_critic.py --loss ppo                       # 16 minibatch steps of 256 per
-    epoch
+    python algos/actor_critic.py             # CartPole-v1, A2C, GAE
+    python algos/actor_critic.py --loss ppo  # 16 minibatch steps of 256 per epoch
+
+docs/algorithms/actor_critic.md has the math, the flags that matter and the results.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ a_k) - mean_k Q(s, a_k).
 
     python algos/awr.py                          # CartPole-v1
     python algos/awr.py --q-value --n-samples 4  # Sampling AWR
+
+docs/algorithms/awr.md has the math, the flags that matter and the results.
 """
 
 from __future__ import annotations

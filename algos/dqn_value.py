@@ -8,8 +8,9 @@ batches sampled from it, with periodic target-network syncs -- is one compiled
 function; Python only loops over epochs.
 
     python algos/dqn_value.py                    # CartPole-v1
-    python algos/dqn_value.py --env Acrobot-v1   # greedy return about -80 after the default 100k
-    steps
+    python algos/dqn_value.py --env Acrobot-v1
+
+docs/algorithms/dqn_value.md has the math, the flags that matter and the results.
 
 n-step targets are formed when a batch is sampled, not at collection: the
 replay keeps each environment's steps in time order, across epochs, so a

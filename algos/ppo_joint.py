@@ -5,8 +5,10 @@ Trax's `ActorCriticJointTrainer` with the `PPOJoint` loss (Schulman et al.
 -- a vectorized gymnax rollout, GAE, and clipped-PPO updates over epochs and
 minibatches -- is one compiled function; Python only loops over epochs.
 
-    python algos/ppo_joint.py                                   # CartPole-v1
-    python algos/ppo_joint.py --env Pendulum-v1 --num-envs 16 --gamma 0.95 --lr 1e-3 ...
+    python algos/ppo_joint.py                                         # CartPole-v1
+    python algos/ppo_joint.py --env Pendulum-v1 --total-steps 300000  # Box actions
+
+docs/algorithms/ppo_joint.md has the math, the flags that matter and the results.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ the returns and the Adam steps -- is one compiled function.
 
     python algos/reinforce.py --baseline                          # CartPole-v1
     python algos/reinforce.py --baseline --num-envs 4 --batch-size 2048 --num-seeds 4
+
+docs/algorithms/reinforce.md has the math, the flags that matter and the results.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ epoch -- vectorized gymnax rollout, GAE, PPO updates -- is one compiled function
 
     python algos/skip_transformer.py                            # CartPoleNoVel-v1
     python algos/skip_transformer.py --env MemoryChain-bsuite --skip-fraction 0.5
+
+docs/algorithms/skip_transformer.md has the math, the flags that matter and the results.
 """
 
 from __future__ import annotations
