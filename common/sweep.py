@@ -97,7 +97,8 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any
             object.__setattr__(member, name, value)
         return make_trainer(member)
 
-    def init(key, values):  # named functions: a profile (bench/phases.py) names their programs
+    # named functions: a profile (bench/peers/phases.py) names their programs
+    def init(key, values):
         return traced(values).init(key)
 
     def epoch(state, values):
