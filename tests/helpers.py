@@ -1,11 +1,12 @@
-"""What several test files share: moving results to the host and the NumPy references they check
-against.
+"""What several test files share: moving results to the host, running a script as a user does,
+the NumPy references they check against, and tiny configs.
 
 Each reference is a plain loop in float64, written independently of the code under test. The tiny
 ppo_joint trainer is the one run that the tests of common/ (checkpoints, train) drive.
 """
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import io
@@ -13,13 +14,18 @@ import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import jax
+import jax.extend.core
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from algos.ppo_joint import Config, make_trainer
 from common import devices, run
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def host(tree):
@@ -96,6 +102,58 @@ def command(script: str | types.ModuleType, *args, cwd) -> subprocess.CompletedP
     )
 
 
+def run_script(script: str, *args, cwd, n_devices: int = 1, timeout: float = 300, **env):
+    """`python algos/SCRIPT.py ARGS` in a new process from `cwd`, as a user runs it: its exit status,
+    stdout and stderr. `n_devices` CPU devices, `env` added to its environment (`script_env`)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "algos" / f"{script}.py"), *map(str, args)],
+        cwd=cwd,
+        env=script_env(n_devices, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def help_text(script: str, cwd) -> str:
+    """`SCRIPT --help`'s output (`command`) with white space folded, checked to exit 0 and to name
+    a flag for every field of the script's Config."""
+    out = command(script, "--help", cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    for field in dataclasses.fields(importlib.import_module(f"algos.{script}").Config):
+        flag = "--" + field.name.replace("_", "-")
+        assert flag in text, f"{script} --help does not list {flag}"
+    return text
+
+
+def count_primitive(jaxpr, name: str) -> int:
+    """Occurrences of primitive `name` in a jaxpr and every jaxpr nested in it."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == name
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    count += count_primitive(sub.jaxpr, name)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    count += count_primitive(sub, name)
+    return count
+
+
+def random_batch(batch_type, seed: int, n: int, obs_dim=4, n_actions=2, target_scale=1.0):
+    """A `batch_type` (obs, action, log_prob, advantage, target) of `n` random samples: log-probs
+    near log 1/2, advantages around 0.3, targets normal times `target_scale`."""
+    rng = np.random.default_rng(seed)
+    return batch_type(
+        obs=jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32),
+        action=jnp.asarray(rng.integers(0, n_actions, size=n), jnp.int32),
+        log_prob=jnp.asarray(np.log(0.5) + rng.normal(size=n) * 0.3, jnp.float32),
+        advantage=jnp.asarray(rng.normal(size=n) + 0.3, jnp.float32),
+        target=jnp.asarray(rng.normal(size=n) * target_scale, jnp.float32),
+    )
+
+
 def np_gae(rewards, values, next_values, terminated, dones, gamma, lam):
     """GAE over time-major `[T, B]` arrays, as a plain loop: returns `(advantages, targets)`.
 
@@ -116,6 +174,34 @@ def np_log_softmax(logits):
     logits = np.asarray(logits, np.float64)
     shifted = logits - logits.max(-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def np_ppo_loss(logits, values, batch, config) -> dict:
+    """The PPO loss and its metrics for a discrete policy's `logits` and `values` on `batch`, in
+    float64: `{"loss/joint": ..., "loss/policy": ..., "ppo/clip_fraction": ...}`.
+
+    The clipped surrogate of the (with `config.normalize_advantages`, normalized) advantages, plus
+    `vf_coef` times the squared error to the targets, minus `ent_coef` times the entropy.
+    """
+    log_pi = np_log_softmax(logits)
+    log_prob = log_pi[np.arange(len(log_pi)), np.asarray(batch.action)]
+    adv = np.asarray(batch.advantage, np.float64)
+    if config.normalize_advantages:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    ratio = np.exp(log_prob - np.asarray(batch.log_prob))
+    eps = config.clip_eps
+    policy_loss = -np.mean(np.minimum(ratio * adv, np.clip(ratio, 1 - eps, 1 + eps) * adv))
+    value_loss = np.mean((np.asarray(values, np.float64) - np.asarray(batch.target)) ** 2)
+    entropy = np.mean(-(np.exp(log_pi) * log_pi).sum(-1))
+    return {
+        "loss/joint": policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy,
+        "loss/policy": policy_loss,
+        "loss/value": value_loss,
+        "policy/entropy": entropy,
+        "policy/log_prob_mean": log_prob.mean(),
+        "ppo/approx_kl": np.mean(ratio - 1 - np.log(ratio)),
+        "ppo/clip_fraction": np.mean(np.abs(ratio - 1) > eps),
+    }
 
 
 # ----------------------------------------------------------------------------
@@ -142,6 +228,33 @@ TINY_BY_SCRIPT = {
         num_envs=4, num_steps=16, num_minibatches=2, update_passes=1, skip_warmup_steps=0
     ),
 }
+# The metrics of a PPO epoch's updates, in ppo_joint and skip_transformer alike
+PPO_LOSS_KEYS = (
+    "loss/joint",
+    "loss/policy",
+    "loss/value",
+    "policy/entropy",
+    "policy/log_prob_mean",
+    "ppo/approx_kl",
+    "ppo/clip_fraction",
+    "optim/grad_norm",
+    "value/advantage_mean",
+    "value/advantage_norm",
+    "value/explained_variance",
+    "policy/preferred_move",
+)
+# ppo_joint's command line at tiny sizes: 10 epochs of 4 envs x 32 steps, evaluated at the end
+PPO_CLI_TINY = (
+    "--num-envs 4 --num-steps 32 --total-steps 1280 --eval-every 0 --eval-episodes 4".split()
+)
+# ppo_joint at its tiny sizes as the tests of train() run it: on one device, without turning on the
+# compilation cache itself (the session's serves, conftest.py). A test adds its epochs and evals.
+PPO_RUN = dict(TINY_BY_SCRIPT["ppo_joint"], n_devices=1, compile_cache=False)
+# What the resume tests add: 2 seeds from --seed 3, an evaluation every 3 epochs, and checkpoints
+# only where a run stops (its last epoch or max_epochs).
+RESUME_FLAGS = dict(
+    num_seeds=2, eval_every=3, eval_episodes=2, checkpoint_every=50, compile_cache=False, seed=3
+)
 
 
 def quick_compile(make_trainer, config, keys):

@@ -6,12 +6,8 @@ The estimators are tested in tests/test_estimators.py. Sizes are tiny
 module-level cache and the session's persistent compilation cache.
 """
 
-import dataclasses
 import functools
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import chex
 import jax
@@ -24,10 +20,17 @@ from algos import actor_critic
 from algos.actor_critic import Batch, Config, make_trainer, policy_loss, value_loss
 from common import devices, nets, run
 from common.distributions import make_distribution
-from helpers import NUM_SEEDS, command, host, quick_compile, run_keys, script_env
+from helpers import (
+    NUM_SEEDS,
+    help_text,
+    host,
+    quick_compile,
+    random_batch,
+    run_keys,
+    run_script,
+)
 
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(
     num_envs=4,
     num_steps=32,
@@ -60,17 +63,6 @@ def compiled(**overrides):
 # ----------------------------------------------------------------------------
 # Losses against NumPy
 # ----------------------------------------------------------------------------
-def random_batch(seed, n, obs_dim=4, n_actions=2):
-    rng = np.random.default_rng(seed)
-    return Batch(
-        obs=jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32),
-        action=jnp.asarray(rng.integers(0, n_actions, size=n), jnp.int32),
-        log_prob=jnp.asarray(np.log(0.5) + rng.normal(size=n) * 0.3, jnp.float32),
-        advantage=jnp.asarray(rng.normal(size=n) + 0.3, jnp.float32),
-        target=jnp.asarray(rng.normal(size=n) * 20, jnp.float32),
-    )
-
-
 def np_mlp(layers, x):
     for layer in layers:
         x = np.tanh(x @ np.asarray(layer["w"], np.float64) + np.asarray(layer["b"], np.float64))
@@ -97,7 +89,7 @@ def test_policy_loss_matches_numpy(loss, normalize):
     dist = make_distribution(spaces.Discrete(2))
     config = tiny(loss=loss, normalize_advantages=normalize, clip_eps=0.1, ent_coef=0.05)
     params, _ = init_params(0, dist)
-    batch = random_batch(0, 64)
+    batch = random_batch(Batch, 0, 64, target_scale=20)
     total, metrics = jax.jit(policy_loss, static_argnums=(2, 3))(params, batch, dist, config)
 
     obs = np.asarray(batch.obs, np.float64)
@@ -133,7 +125,7 @@ def test_policy_loss_matches_numpy(loss, normalize):
 @pytest.mark.parametrize("scale", [1.0, 100.0])
 def test_value_loss_matches_numpy(scale):
     _, params = init_params(1, make_distribution(spaces.Discrete(2)))
-    batch = random_batch(1, 64)
+    batch = random_batch(Batch, 1, 64, target_scale=20)
     loss, metrics = jax.jit(value_loss, static_argnums=(2, 3))(params, batch, tiny(), scale)
     raw = (
         np_mlp(params["torso"], np.asarray(batch.obs, np.float64))
@@ -293,7 +285,7 @@ def test_pmean_of_half_batch_gradients_equals_full_batch_gradient(loss_name):
         if loss_name == "policy"
         else functools.partial(value_loss, config=tiny(), value_scale=10.0)
     )
-    batch = random_batch(2, 64)
+    batch = random_batch(Batch, 2, 64, target_scale=20)
 
     def grad(params_and_batch):  # one (device, seed) slice, as the epoch's fit() averages it
         params, batch = params_and_batch
@@ -420,31 +412,16 @@ def test_bad_input_rejected_before_compiling(overrides, match, tmp_path):
 # ----------------------------------------------------------------------------
 # The command line
 # ----------------------------------------------------------------------------
-def cli(*args, cwd, devices_=1):
-    env = script_env(devices_)
-    return subprocess.run(
-        [sys.executable, str(ROOT / "algos" / "actor_critic.py"), *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def test_help_lists_every_flag(tmp_path):
-    out = command("actor_critic", "--help", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    text = " ".join(out.stdout.split())
-    for field in dataclasses.fields(Config):
-        assert "--" + field.name.replace("_", "-") in text, field.name
+    text = help_text("actor_critic", tmp_path)
     assert "{monte-carlo,td-k,td-lambda,gae}" in text and "{a2c,ppo}" in text
 
 
 @pytest.mark.slow  # about 15-40 s: import, then a full compile in a fresh process
 def test_cli_two_devices_two_seeds_writes_outputs(tmp_path):
     out_dir = tmp_path / "run"
-    out = cli(
+    out = run_script(
+        "actor_critic",
         "--num-envs",
         4,
         "--num-steps",
@@ -468,7 +445,7 @@ def test_cli_two_devices_two_seeds_writes_outputs(tmp_path):
         "--out-dir",
         out_dir,
         cwd=tmp_path,
-        devices_=2,
+        n_devices=2,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "eval return" in out.stdout and "2 seed(s) on 2 cpu device(s)" in out.stdout

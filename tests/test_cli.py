@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import command, script_env
+from helpers import PPO_CLI_TINY, command, help_text, run_script, script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algos" / "ppo_joint.py"
-TINY = "--num-envs 4 --num-steps 32 --total-steps 1280 --eval-every 0 --eval-episodes 4".split()
+TINY = PPO_CLI_TINY
 
 
 def tiny(*args):
@@ -25,31 +25,8 @@ def tiny(*args):
     return [a for i, a in enumerate(TINY) if i not in drop] + list(args)
 
 
-def env():
-    return script_env()
-
-
-def cli(*args, cwd, timeout=300):
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)],
-        cwd=cwd,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_help_lists_every_flag_with_default(tmp_path):
-    from algos import ppo_joint
-    import dataclasses
-
-    out = command("ppo_joint", "--help", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    text = " ".join(out.stdout.split())
-    for field in dataclasses.fields(ppo_joint.Config):
-        flag = "--" + field.name.replace("_", "-")
-        assert flag in text, flag
+    text = help_text("ppo_joint", tmp_path)
     assert "(default: 0.2)" in text and "PPO ratio clip epsilon" in text
     # the algorithm's flags first, then the run flags under their own heading
     own, run = text.split("the algorithm's flags:")[1].split("run flags, the same in every script")
@@ -59,7 +36,7 @@ def test_help_lists_every_flag_with_default(tmp_path):
 
 def test_run_writes_outputs(tmp_path):
     out_dir = tmp_path / "run"
-    out = cli(*TINY, "--out-dir", out_dir, cwd=tmp_path)
+    out = run_script("ppo_joint", *TINY, "--out-dir", out_dir, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "eval return" in out.stdout and "epoch" in out.stdout
     # each progress line: the epochs' rate, the run's own by the wall clock, the time elapsed and
@@ -105,10 +82,10 @@ def test_bad_input_fails_before_compiling(tmp_path, args, message):
 @pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_corrupt_checkpoint_is_reported(tmp_path):
     out_dir = tmp_path / "run"
-    assert cli(*TINY, "--out-dir", out_dir, cwd=tmp_path).returncode == 0
+    assert run_script("ppo_joint", *TINY, "--out-dir", out_dir, cwd=tmp_path).returncode == 0
     ckpt = next((out_dir / "checkpoints").glob("*.npz"))
     ckpt.write_bytes(ckpt.read_bytes()[:100])
-    out = cli("--resume", out_dir, cwd=tmp_path)
+    out = run_script("ppo_joint", "--resume", out_dir, cwd=tmp_path)
     assert out.returncode != 0 and "corrupt" in out.stderr and "compiled in" not in out.stdout
 
 
@@ -122,7 +99,7 @@ def test_interrupt_then_resume_and_eval_only(tmp_path, signum, exit_code):
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), *map(str, args)],
         cwd=tmp_path,
-        env=env(),
+        env=script_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -141,7 +118,7 @@ def test_interrupt_then_resume_and_eval_only(tmp_path, signum, exit_code):
     if signum == signal.SIGTERM:
         return  # what follows reads the checkpoint, whichever signal wrote it
 
-    out = cli("--eval-only", "--resume", out_dir, cwd=tmp_path)
+    out = run_script("ppo_joint", "--eval-only", "--resume", out_dir, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "eval return" in out.stdout and "compiled in" not in out.stdout
 

@@ -15,15 +15,12 @@ runs every block; see `skipping.steps_without_skipping`.)
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import script_env
+from helpers import run_script
 
-ROOT = Path(__file__).resolve().parents[1]
 # 10 epochs of 4 gradient steps, blocks skippable from the 3rd: the depths drawn for --skip-fraction
 # 0.4 and 0.5 part in epoch 2 (layer 1 is skipped when its uniform draw u < skip_fraction / 2 after
 # warmup).
@@ -40,14 +37,8 @@ PPO_TINY = (
 
 def run_metrics(cache: Path, out_dir: Path, *flags, script: str = "skip_transformer") -> list[dict]:
     """metrics.jsonl of a run of `script` with `flags`, without `sps` (a timing)."""
-    env = script_env(XDG_CACHE_HOME=str(cache))
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "algos" / f"{script}.py"), *flags, "--out-dir", str(out_dir)],
-        cwd=out_dir.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = run_script(
+        script, *flags, "--out-dir", out_dir, cwd=out_dir.parent, XDG_CACHE_HOME=str(cache)
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]

@@ -10,9 +10,6 @@ cache (tests/conftest.py).
 
 import functools
 import json
-import subprocess
-import sys
-from pathlib import Path
 from unittest import mock
 
 import chex
@@ -37,11 +34,9 @@ from algos.dqn_value import (
     td_loss,
 )
 from common import checkpoints, devices, envs, run
-from helpers import command, host, run_keys, script_env
+from helpers import RESUME_FLAGS, command, help_text, host, run_keys, run_script
 
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "algos" / "dqn_value.py"
 # epsilon 1 in the first epoch (random actions), then 1e-30, then 0: greedy from the second epoch on
 TINY = dict(
     num_envs=4,
@@ -478,17 +473,7 @@ def test_seeds_differ_and_repeat():
 # ----------------------------------------------------------------------------
 # train(): resume with the replay, bad input
 # ----------------------------------------------------------------------------
-RUN = dict(
-    TINY,
-    total_steps=4 * 8 * 6,
-    num_seeds=2,
-    n_devices=2,
-    eval_every=3,
-    eval_episodes=2,
-    checkpoint_every=50,
-    compile_cache=False,
-    seed=3,
-)
+RUN = dict(TINY, total_steps=4 * 8 * 6, n_devices=2, **RESUME_FLAGS)
 
 
 def test_two_devices_two_seeds_resume_with_the_replay(tmp_path):
@@ -587,36 +572,8 @@ CLI_TINY = [
 ]
 
 
-def cli(*args, cwd, timeout=300):
-    env = script_env()
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_cli_help_and_bad_input(tmp_path):
-    out = command("dqn_value", "--help", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    text = " ".join(out.stdout.split())
-    for flag in (
-        "--n-step",
-        "--sync-freq",
-        "--double-dqn",
-        "--loss",
-        "--scale-value-targets",
-        "--eps-start",
-        "--eps-decay",
-        "--eps-min",
-        "--n-replay-epochs",
-        "--batch-size",
-        "--update-steps",
-    ):
-        assert flag in text, flag
+    text = help_text("dqn_value", tmp_path)  # a flag for every field
     assert "{huber,l2}" in text and "(default: 0.99)" in text
     out = command(
         "dqn_value", *CLI_TINY, "--env", "Pendulum-v1", "--out-dir", tmp_path / "run", cwd=tmp_path
@@ -628,7 +585,7 @@ def test_cli_help_and_bad_input(tmp_path):
 @pytest.mark.slow  # a whole run in a new process: CI runs it, the fast suite does not
 def test_cli_run_writes_outputs(tmp_path):
     out_dir = tmp_path / "run"
-    out = cli(*CLI_TINY, "--double-dqn", "--out-dir", out_dir, cwd=tmp_path)
+    out = run_script("dqn_value", *CLI_TINY, "--double-dqn", "--out-dir", out_dir, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "eval return" in out.stdout
     config = json.loads((out_dir / "config.json").read_text())

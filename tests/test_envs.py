@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from common import cli, devices, envs
-from helpers import script_env
+from helpers import PPO_RUN, script_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -286,6 +286,23 @@ def test_a_custom_id_without_module_or_name_is_one_line(env_id):
         envs.make_env(env_id)
 
 
+def two_epochs(env: str, out_dir):
+    """ppo_joint's Config for 2 tiny epochs on `env` into `out_dir`, evaluated only at the end."""
+    from algos import ppo_joint
+
+    return ppo_joint.Config(
+        **dict(
+            PPO_RUN,
+            env=env,
+            update_passes=1,
+            total_steps=4 * 16 * 2,
+            eval_every=0,
+            eval_episodes=2,
+            out_dir=str(out_dir),
+        )
+    )
+
+
 def test_a_non_finite_reward_is_blamed_on_the_environment_not_the_learning_rate(
     tmp_path, monkeypatch
 ):
@@ -308,19 +325,7 @@ class NanReward(Corridor):
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    config = ppo_joint.Config(
-        env=f"{module}:NanReward",
-        num_envs=4,
-        num_steps=16,
-        num_minibatches=2,
-        update_passes=1,
-        total_steps=4 * 16 * 2,
-        eval_every=0,
-        eval_episodes=2,
-        n_devices=1,
-        compile_cache=False,
-        out_dir=str(tmp_path / "run"),
-    )
+    config = two_epochs(f"{module}:NanReward", tmp_path / "run")
     with pytest.raises(SystemExit) as info:
         run.train(config, ppo_joint.make_trainer)
     message = str(info.value.code)
@@ -388,19 +393,7 @@ def test_a_saved_agent_of_a_discrete_observation_acts_on_the_index(tmp_path):
     from algos import ppo_joint
     from common import checkpoints, run
 
-    config = ppo_joint.Config(
-        env="FrozenLake-misc",
-        num_envs=4,
-        num_steps=16,
-        num_minibatches=2,
-        update_passes=1,
-        total_steps=4 * 16 * 2,
-        eval_every=0,
-        eval_episodes=2,
-        n_devices=1,
-        compile_cache=False,
-        out_dir=str(tmp_path / "run"),
-    )
+    config = two_epochs("FrozenLake-misc", tmp_path / "run")
     run.train(config, ppo_joint.make_trainer)
     act = checkpoints.load_agent(tmp_path / "run", ppo_joint.Config, ppo_joint.make_trainer)
     one, batch = act(jnp.int32(5)), act(jnp.arange(16, dtype=jnp.int32))

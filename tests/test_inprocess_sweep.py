@@ -12,20 +12,10 @@ import pytest
 
 from algos import ppo_joint
 from common import checkpoints, cli, devices, run, sweep
-from helpers import command
+from helpers import PPO_RUN, command
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(
-    num_envs=4,
-    num_steps=16,
-    num_minibatches=2,
-    update_passes=2,
-    total_steps=4 * 16 * 3,
-    eval_every=0,
-    eval_episodes=4,
-    n_devices=1,
-    compile_cache=False,
-)
+TINY = dict(PPO_RUN, total_steps=4 * 16 * 3, eval_every=0, eval_episodes=4)
 TINY_FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
 
 

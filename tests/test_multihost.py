@@ -62,27 +62,20 @@ def launch(commands, cwd: Path, envs) -> list[tuple[int, str]]:
     return [(p.returncode, t) for p, t in zip(procs, texts)]
 
 
+def two_processes(cwd: Path, args_of) -> list[tuple[int, str]]:
+    """`launch` of the script as processes 0 and 1 of one cluster on a free port, process i with
+    the flags `args_of(i)`."""
+    cluster = ["--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", "2"]
+    commands = [
+        [sys.executable, str(SCRIPT), *args_of(i), *cluster, "--process-id", str(i)]
+        for i in range(2)
+    ]
+    return launch(commands, cwd, [env(), env()])
+
+
 @pytest.mark.slow  # about 30-50 s on 2 cores: two processes compile side by side, twice
 def test_two_processes_train_one_run(tmp_path):
-    port = free_port()
-    cluster = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
-    out = launch(
-        [
-            [
-                sys.executable,
-                str(SCRIPT),
-                *TINY,
-                *cluster,
-                "--process-id",
-                str(i),
-                "--out-dir",
-                f"run{i}",
-            ]
-            for i in range(2)
-        ],
-        tmp_path,
-        [env(), env()],
-    )
+    out = two_processes(tmp_path, lambda i: [*TINY, "--out-dir", f"run{i}"])
     for code, text in out:
         assert code == 0, text
         assert "on 2 cpu device(s) of 2 processes" in text, text
@@ -119,26 +112,8 @@ def test_two_processes_train_one_run(tmp_path):
 
     # Both processes resume from the chief's directory: each loads the whole checkpoint, keeps its
     # own rows.
-    port = free_port()
-    cluster = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
-    out = launch(
-        [
-            [
-                sys.executable,
-                str(SCRIPT),
-                "--resume",
-                "run0",
-                "--eval-only",
-                "--eval-episodes",
-                "2",
-                *cluster,
-                "--process-id",
-                str(i),
-            ]
-            for i in range(2)
-        ],
-        tmp_path,
-        [env(), env()],
+    out = two_processes(
+        tmp_path, lambda i: ["--resume", "run0", "--eval-only", "--eval-episodes", "2"]
     )
     for code, text in out:
         assert code == 0 and "resumed run0 at epoch 2" in text, text

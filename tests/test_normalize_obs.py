@@ -20,7 +20,7 @@ import pytest
 from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
 from common import checkpoints, cli, devices, envs, run
-from helpers import host, quick_compile, slow_for
+from helpers import PPO_RUN, RESUME_FLAGS, host, quick_compile, slow_for
 
 
 # ----------------------------------------------------------------------------
@@ -147,6 +147,16 @@ def test_reward_stats_follow_each_environments_discounted_return_across_rollouts
 # Every script with the flag
 # ----------------------------------------------------------------------------
 STEPS = 4 * 16 * 6
+AWR = dict(
+    num_envs=4,
+    num_steps=16,
+    n_replay_epochs=3,
+    policy_steps=2,
+    value_steps=2,
+    policy_batch_size=32,
+    value_batch_size=32,
+    hidden=(16,),
+)
 SCRIPTS = {
     "ppo_joint": (ppo_joint, dict(num_envs=4, num_steps=16, num_minibatches=2, update_passes=2)),
     "actor_critic": (
@@ -165,34 +175,8 @@ SCRIPTS = {
         reinforce,
         dict(num_envs=4, num_steps=16, batch_size=32, update_steps=2, baseline=True),
     ),
-    "awr": (
-        awr,
-        dict(
-            num_envs=4,
-            num_steps=16,
-            n_replay_epochs=3,
-            policy_steps=2,
-            value_steps=2,
-            policy_batch_size=32,
-            value_batch_size=32,
-            hidden=(16,),
-        ),
-    ),
-    "sampling_awr": (
-        awr,
-        dict(
-            num_envs=4,
-            num_steps=16,
-            n_replay_epochs=3,
-            policy_steps=2,
-            value_steps=2,
-            policy_batch_size=32,
-            value_batch_size=32,
-            hidden=(16,),
-            q_value=True,
-            n_samples=2,
-        ),
-    ),
+    "awr": (awr, AWR),
+    "sampling_awr": (awr, dict(AWR, q_value=True, n_samples=2)),
     "skip_transformer": (
         st,
         dict(
@@ -369,21 +353,7 @@ def test_two_devices_two_seeds():
 # ----------------------------------------------------------------------------
 # Through run.train: checkpoint, load_agent, resume
 # ----------------------------------------------------------------------------
-RUN = dict(
-    num_envs=4,
-    num_steps=16,
-    num_minibatches=2,
-    update_passes=2,
-    total_steps=4 * 16 * 6,
-    num_seeds=2,
-    n_devices=1,
-    eval_every=3,
-    eval_episodes=2,
-    checkpoint_every=50,
-    compile_cache=False,
-    seed=3,
-    normalize_obs=True,
-)
+RUN = dict(PPO_RUN, total_steps=4 * 16 * 6, normalize_obs=True, **RESUME_FLAGS)
 
 
 def test_train_checkpoints_the_statistics_and_resumes(tmp_path):

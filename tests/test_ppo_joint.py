@@ -19,7 +19,17 @@ from algos import ppo_joint
 from algos.ppo_joint import Batch, Config, gae, make_trainer, ppo_loss
 from common import devices
 from common.distributions import make_distribution
-from helpers import NUM_SEEDS, TINY, compiled, host, run_keys, tiny
+from helpers import (
+    NUM_SEEDS,
+    PPO_LOSS_KEYS,
+    TINY,
+    compiled,
+    host,
+    np_ppo_loss,
+    random_batch,
+    run_keys,
+    tiny,
+)
 
 
 def assert_trees_differ(a, b):
@@ -30,20 +40,6 @@ def assert_trees_differ(a, b):
         assert not np.array_equal(x, y), f"leaf {jax.tree_util.keystr(path[0])} is identical"
 
 
-LOSS_KEYS = (
-    "loss/joint",
-    "loss/policy",
-    "loss/value",
-    "policy/entropy",
-    "policy/log_prob_mean",
-    "ppo/approx_kl",
-    "ppo/clip_fraction",
-    "optim/grad_norm",
-    "value/advantage_mean",
-    "value/advantage_norm",
-    "value/explained_variance",
-    "policy/preferred_move",
-)
 EPISODE_KEYS = ("episode/return", "episode/length", "episode/count")
 
 
@@ -170,17 +166,6 @@ def test_gae_checks_ranks():
 # ----------------------------------------------------------------------------
 # The PPO loss against a NumPy reference
 # ----------------------------------------------------------------------------
-def random_batch(seed, n, obs_dim=4, n_actions=2):
-    rng = np.random.default_rng(seed)
-    return Batch(
-        obs=jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32),
-        action=jnp.asarray(rng.integers(0, n_actions, size=n), jnp.int32),
-        log_prob=jnp.asarray(np.log(0.5) + rng.normal(size=n) * 0.3, jnp.float32),
-        advantage=jnp.asarray(rng.normal(size=n) + 0.3, jnp.float32),
-        target=jnp.asarray(rng.normal(size=n), jnp.float32),
-    )
-
-
 @pytest.mark.parametrize("normalize", [False, True])
 def test_ppo_loss_matches_numpy(normalize):
     dist = make_distribution(spaces.Discrete(2))
@@ -188,32 +173,14 @@ def test_ppo_loss_matches_numpy(normalize):
     params = ppo_joint.init_network(jax.random.PRNGKey(0), 4, config.hidden, dist)
     # a larger policy head, so the probabilities move away from uniform
     params["policy"]["w"] = params["policy"]["w"] * 100
-    batch = random_batch(0, 64)
+    batch = random_batch(Batch, 0, 64)
     loss, metrics = ppo_loss(params, batch, dist, config)
 
-    inputs, values = jax.vmap(ppo_joint.network, (None, 0, None, None))(
+    logits, values = jax.vmap(ppo_joint.network, (None, 0, None, None))(
         params, batch.obs, dist, "tanh"
     )
-    logits, values = np.asarray(inputs, np.float64), np.asarray(values, np.float64)
-    log_pi = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    log_prob = log_pi[np.arange(64), np.asarray(batch.action)]
-    adv = np.asarray(batch.advantage, np.float64)
-    if normalize:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    ratio = np.exp(log_prob - np.asarray(batch.log_prob))
-    assert (np.abs(ratio - 1) > 0.1).mean() > 0.2  # the clip is exercised
-    policy_loss = -np.mean(np.minimum(ratio * adv, np.clip(ratio, 0.9, 1.1) * adv))
-    value_loss = np.mean((values - np.asarray(batch.target)) ** 2)
-    entropy = np.mean(-(np.exp(log_pi) * log_pi).sum(-1))
-    expected = {
-        "loss/joint": policy_loss + 0.7 * value_loss - 0.05 * entropy,
-        "loss/policy": policy_loss,
-        "loss/value": value_loss,
-        "policy/entropy": entropy,
-        "policy/log_prob_mean": log_prob.mean(),
-        "ppo/approx_kl": np.mean(ratio - 1 - np.log(ratio)),
-        "ppo/clip_fraction": np.mean(np.abs(ratio - 1) > 0.1),
-    }
+    expected = np_ppo_loss(logits, values, batch, config)
+    assert expected["ppo/clip_fraction"] > 0.2  # the clip is exercised
     np.testing.assert_allclose(loss, expected["loss/joint"], rtol=1e-4)
     for key, value in expected.items():
         np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
@@ -223,11 +190,11 @@ def test_ppo_loss_matches_numpy(normalize):
 # The epoch
 # ----------------------------------------------------------------------------
 def check_metrics(metrics, lead_shape):
-    for key in LOSS_KEYS + EPISODE_KEYS:
+    for key in PPO_LOSS_KEYS + EPISODE_KEYS:
         assert key in metrics, key
     for key, value in metrics.items():
         chex.assert_shape(value, lead_shape)
-    for key in LOSS_KEYS:
+    for key in PPO_LOSS_KEYS:
         assert np.all(np.isfinite(metrics[key])), key
     count = np.asarray(metrics["episode/count"])
     assert np.all(count > 0), "choose sizes so that episodes finish in one epoch"
@@ -344,7 +311,7 @@ def test_pendulum_epoch(std):
     for _ in range(2):
         state, metrics = c.epoch(state)
     metrics = host(metrics)
-    for key in LOSS_KEYS:
+    for key in PPO_LOSS_KEYS:
         assert np.all(np.isfinite(metrics[key])), key
     assert_trees_differ(host(state.params), before)
     chex.assert_shape(state.obs, (1, NUM_SEEDS, 4, 3))
@@ -359,7 +326,7 @@ def test_pmean_of_half_batch_gradients_equals_full_batch_step():
     dist = make_distribution(spaces.Discrete(2))
     config = tiny()
     params = ppo_joint.init_network(jax.random.PRNGKey(1), 4, config.hidden, dist)
-    batch = random_batch(1, 64)
+    batch = random_batch(Batch, 1, 64)
     tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-3, eps=1e-5))
 
     def step(params_and_batch):  # one (device, seed) slice: gradient averaged over the device axis
@@ -409,7 +376,7 @@ def test_two_device_epoch_keeps_devices_in_sync():
     assert not np.array_equal(first.obs, second.obs)  # devices explore differently
     assert not np.array_equal(first.key, second.key)
     chex.assert_trees_all_equal(*(jax.tree.map(lambda x, i=i: x[i], metrics) for i in range(2)))
-    for key in LOSS_KEYS:
+    for key in PPO_LOSS_KEYS:
         assert np.all(np.isfinite(metrics[key])), key
     assert np.all(metrics["episode/count"] > 0)
 

@@ -5,12 +5,8 @@ The returns and the baseline are tested in tests/test_estimators.py. Sizes are
 tiny (CartPole-v1, 4 envs x 32 steps).
 """
 
-import dataclasses
 import functools
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import chex
 import jax
@@ -23,10 +19,9 @@ from algos import reinforce
 from algos.reinforce import Batch, Config, make_trainer, reinforce_loss
 from common import devices, envs, run
 from common.distributions import make_distribution
-from helpers import NUM_SEEDS, command, host, quick_compile, run_keys, script_env
+from helpers import NUM_SEEDS, help_text, host, quick_compile, run_keys, run_script
 
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(
     num_envs=4, num_steps=32, batch_size=64, update_steps=2, total_steps=4 * 32 * 20, baseline=True
 )
@@ -188,31 +183,16 @@ def test_bad_input_rejected_before_compiling(overrides, match, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def cli(*args, cwd):
-    env = script_env()
-    return subprocess.run(
-        [sys.executable, str(ROOT / "algos" / "reinforce.py"), *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def test_help_lists_every_flag(tmp_path):
-    out = command("reinforce", "--help", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    text = " ".join(out.stdout.split())
-    for field in dataclasses.fields(Config):
-        assert "--" + field.name.replace("_", "-") in text, field.name
+    text = help_text("reinforce", tmp_path)
     assert "--baseline [BOOL] subtract the mean return" in text
 
 
 @pytest.mark.slow  # about 15-35 s: import, then a full compile in a fresh process
 def test_cli_writes_outputs(tmp_path):
     out_dir = tmp_path / "run"
-    out = cli(
+    out = run_script(
+        "reinforce",
         "--num-envs",
         4,
         "--num-steps",

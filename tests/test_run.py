@@ -17,7 +17,15 @@ import numpy as np
 import pytest
 
 from common import checkpoints, cli, devices, envs, loop, outputs, run
-from helpers import Config, initial_state, make_trainer, run_keys, script_env
+from helpers import (
+    PPO_RUN,
+    RESUME_FLAGS,
+    Config,
+    initial_state,
+    make_trainer,
+    run_keys,
+    script_env,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,19 +301,7 @@ def test_target_return_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_
 # ----------------------------------------------------------------------------
 # train() on the tiny ppo_joint run: resume, divergence, bad input
 # ----------------------------------------------------------------------------
-RUN = dict(
-    num_envs=4,
-    num_steps=16,
-    num_minibatches=2,
-    update_passes=2,
-    total_steps=4 * 16 * 6,
-    num_seeds=2,
-    eval_every=3,
-    eval_episodes=2,
-    checkpoint_every=50,
-    compile_cache=False,
-    seed=3,
-)
+RUN = dict(PPO_RUN, total_steps=4 * 16 * 6, **RESUME_FLAGS)  # each test sets n_devices
 
 
 def run_config(out_dir, **overrides) -> Config:

@@ -15,21 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import command, script_env
+from helpers import PPO_CLI_TINY, PPO_RUN, command, run_script, script_env
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "--num-envs",
-    "4",
-    "--num-steps",
-    "32",
-    "--total-steps",
-    "1280",
-    "--eval-every",
-    "0",
-    "--eval-episodes",
-    "4",
-]
+TINY = PPO_CLI_TINY
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +31,8 @@ def env(cache):
 
 
 def cli(cache, *args, cwd=None):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "algos" / "ppo_joint.py"), *map(str, args)],
-        cwd=cwd or cache,
-        env=env(cache),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """`python algos/ppo_joint.py ARGS` from `cwd` (else `cache`), compiling into `cache`."""
+    return run_script("ppo_joint", *args, cwd=cwd or cache, XDG_CACHE_HOME=str(cache))
 
 
 def refused(out, *phrases):
@@ -263,16 +246,12 @@ def test_a_second_run_in_a_live_run_directory_is_refused(cache, tmp_path):
 
 # 3. A non-finite state is never saved, and a run that ends in one does not exit 0
 RUN = dict(
-    num_envs=4,
-    num_steps=16,
-    num_minibatches=2,
+    PPO_RUN,
     update_passes=1,
     total_steps=4 * 16 * 3,
     eval_every=0,
     eval_episodes=2,
     checkpoint_every=1,
-    compile_cache=False,
-    n_devices=1,
 )
 
 

@@ -6,16 +6,11 @@ bench/suite/learning.py). The context window: tests/test_envs.py.
 Sizes are tiny (4 envs x 32 steps, 2 blocks of width 8) so that a compiled epoch is cheap.
 """
 
-import dataclasses
 import functools
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import chex
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -25,10 +20,20 @@ from algos import skip_transformer as st
 from algos.skip_transformer import Batch, Config, make_trainer
 from common import checkpoints, cli, devices, run, skipping
 from common.distributions import make_distribution
-from helpers import command, host, np_gae, script_env
+from helpers import (
+    NUM_SEEDS,
+    PPO_LOSS_KEYS,
+    command,
+    count_primitive,
+    help_text,
+    host,
+    np_gae,
+    np_ppo_loss,
+    run_keys,
+    run_script,
+)
 
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(
     num_envs=4,
     num_steps=32,
@@ -43,31 +48,11 @@ TINY = dict(
     skip_fraction=0.5,
     skip_warmup_steps=2,
 )
-NUM_SEEDS = 2
 DIST = make_distribution(spaces.Discrete(2))
 
 
 def tiny(**overrides) -> Config:
     return Config(**{**TINY, "n_devices": 1, **overrides})
-
-
-def run_keys(seed: int, num_seeds: int = NUM_SEEDS, n_devices: int = 1):
-    """The init keys `train()` builds for `--seed seed`."""
-    _, _, rng = devices.init_host_and_devices(n_devices, seed)
-    return devices.seed_keys(jax.random.split(rng)[0], num_seeds, n_devices)
-
-
-def count_primitive(jaxpr, name: str) -> int:
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += eqn.primitive.name == name
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else [value]:
-                if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                    count += count_primitive(sub.jaxpr, name)
-                elif isinstance(sub, jax.extend.core.Jaxpr):
-                    count += count_primitive(sub, name)
-    return count
 
 
 # ----------------------------------------------------------------------------
@@ -182,25 +167,8 @@ def test_ppo_loss_matches_numpy_at_the_drawn_depth():
     assert int(next_step) == step + 1
 
     logits, values, _ = network(params, batch.obs, DIST, config, eval_depth=depth)
-    logits, values = np.asarray(logits, np.float64), np.asarray(values, np.float64)
-    log_pi = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    log_prob = log_pi[np.arange(n), np.asarray(batch.action)]
-    adv = np.asarray(batch.advantage, np.float64)
-    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    ratio = np.exp(log_prob - np.asarray(batch.log_prob))
-    assert (np.abs(ratio - 1) > 0.1).mean() > 0.2  # the clip is exercised
-    policy_loss = -np.mean(np.minimum(ratio * adv, np.clip(ratio, 0.9, 1.1) * adv))
-    value_loss = np.mean((values - np.asarray(batch.target)) ** 2)
-    entropy = np.mean(-(np.exp(log_pi) * log_pi).sum(-1))
-    expected = {
-        "loss/joint": policy_loss + 0.7 * value_loss - 0.05 * entropy,
-        "loss/policy": policy_loss,
-        "loss/value": value_loss,
-        "policy/entropy": entropy,
-        "policy/log_prob_mean": log_prob.mean(),
-        "ppo/approx_kl": np.mean(ratio - 1 - np.log(ratio)),
-        "ppo/clip_fraction": np.mean(np.abs(ratio - 1) > 0.1),
-    }
+    expected = np_ppo_loss(logits, values, batch, config)
+    assert expected["ppo/clip_fraction"] > 0.2  # the clip is exercised
     np.testing.assert_allclose(loss, expected["loss/joint"], rtol=1e-4)
     for key_, value in expected.items():
         np.testing.assert_allclose(metrics[key_], value, rtol=1e-4, atol=1e-6, err_msg=key_)
@@ -256,22 +224,7 @@ def drawn_layers(depth_key, first_step: int, config: Config) -> float:
     )
 
 
-LOSS_KEYS = (
-    "loss/joint",
-    "loss/policy",
-    "loss/value",
-    "policy/entropy",
-    "policy/log_prob_mean",
-    "ppo/approx_kl",
-    "ppo/clip_fraction",
-    "optim/grad_norm",
-    "value/advantage_mean",
-    "value/advantage_norm",
-    "value/explained_variance",
-    "policy/preferred_move",
-    "skip/layers_run",
-    "skip/warmup",
-)
+LOSS_KEYS = (*PPO_LOSS_KEYS, "skip/layers_run", "skip/warmup")
 
 
 def test_epoch_every_seed_runs_the_depths_of_the_first_seed():
@@ -376,7 +329,6 @@ def test_bad_input_rejected_by_make_trainer(overrides, match):
 # ----------------------------------------------------------------------------
 # The command line, from another directory
 # ----------------------------------------------------------------------------
-SCRIPT = ROOT / "algos" / "skip_transformer.py"
 CLI_TINY = [
     "--num-envs",
     "4",
@@ -403,24 +355,8 @@ CLI_TINY = [
 ]
 
 
-def run_cli(*args, cwd, devices_=1, timeout=300):
-    env = script_env(devices_)
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_help_lists_every_flag_with_default(tmp_path):
-    out = command("skip_transformer", "--help", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    text = " ".join(out.stdout.split())
-    for field in dataclasses.fields(Config):
-        assert "--" + field.name.replace("_", "-") in text, field.name
+    text = help_text("skip_transformer", tmp_path)
     assert "--env STR gymnax environment id, or CartPoleNoVel-v1" in text
     assert "(default: CartPoleNoVel-v1)" in text and "(default: 0.4)" in text
 
@@ -469,7 +405,8 @@ def test_main_warns_when_the_warmup_leaves_skip_fraction_no_effect(
 @pytest.mark.slow
 def test_cli_two_seeds_on_two_devices_writes_outputs_and_returns_by_depth(tmp_path):
     out_dir = tmp_path / "run"
-    out = run_cli(
+    out = run_script(
+        "skip_transformer",
         *CLI_TINY,
         "--num-seeds",
         "2",
@@ -480,7 +417,7 @@ def test_cli_two_seeds_on_two_devices_writes_outputs_and_returns_by_depth(tmp_pa
         "--out-dir",
         out_dir,
         cwd=tmp_path,
-        devices_=2,
+        n_devices=2,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert (

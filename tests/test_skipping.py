@@ -2,12 +2,12 @@
 layers, eval depth, one draw for every vmapped copy (an unbatched `lax.cond`), and devices."""
 
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from common import devices, skipping
+from helpers import count_primitive
 
 N_LAYERS = 4
 
@@ -126,20 +126,6 @@ def key_with_depth(depth, skip_fraction=0.5, step=10**6):
     found = np.flatnonzero(ran(n_forward).sum(1) == depth)
     assert len(found), f"no key gives depth {depth}"
     return jax.random.split(jax.random.PRNGKey(0), 200)[found[0]]
-
-
-def count_primitive(jaxpr, name: str) -> int:
-    """Occurrences of primitive `name` in a jaxpr and every jaxpr nested in it."""
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += eqn.primitive.name == name
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else [value]:
-                if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                    count += count_primitive(sub.jaxpr, name)
-                elif isinstance(sub, jax.extend.core.Jaxpr):
-                    count += count_primitive(sub, name)
-    return count
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
