@@ -6,12 +6,10 @@ file that exists and, for a script, parses with that script's flags; and the blo
 import importlib
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import script_env
+from helpers import run_script
 
 from common import cli
 
@@ -128,15 +126,8 @@ def test_a_block_marked_runnable_runs_as_written_and_reaches_its_return(
     """Run from an empty directory (the run directory lands there), the script named by its path
     in the repository."""
     words = shlex.split(command)
-    assert words[0] == "python" and (ROOT / words[1]).is_file(), command
-    out = subprocess.run(
-        [sys.executable, str(ROOT / words[1]), *words[2:]],
-        cwd=tmp_path,
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    assert words[0] == "python" and words[1].startswith("algos/"), command
+    out = run_script(Path(words[1]).stem, *words[2:], cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     returns = re.findall(r"eval return (-?[\d.]+)", out.stdout)
     assert returns and float(returns[-1]) >= goal, f"{command}: {out.stdout[-1000:]}"

@@ -41,31 +41,15 @@ TASKS = {
     "MountainCar-v0": (250_000, -118.0, -118.0),
     "Catch-bsuite": (100_000, 1.0, 1.0),
     # the goal: the optimum, 1 less the cost of the moves right
-    "DeepSea-bsuite": (
-        150_000,
-        0.0,
-        0.99,
-    ),
+    "DeepSea-bsuite": (150_000, 0.0, 0.99),
     "MemoryChain-bsuite": (150_000, 0.1, 0.1),
     # no anchor: CartPole-v1 without its velocities
-    "CartPoleNoVel-v1": (
-        200_000,
-        float("nan"),
-        475.0,
-    ),
+    "CartPoleNoVel-v1": (200_000, float("nan"), 475.0),
     # continuous actions; the anchors are gymnax's at 1M steps
-    "Pendulum-v1": (
-        300_000,
-        -130.0,
-        -200.0,
-    ),
+    "Pendulum-v1": (300_000, -130.0, -200.0),
     "MountainCarContinuous-v0": (300_000, 92.0, 90.0),
     # image observations [10, 10, C]; gymnax's PPO at 10M steps
-    "Breakout-MinAtar": (
-        10_000_000,
-        28.0,
-        28.0,
-    ),
+    "Breakout-MinAtar": (10_000_000, 28.0, 28.0),
     "SpaceInvaders-MinAtar": (10_000_000, 131.0, 131.0),
     "Asterix-MinAtar": (10_000_000, 15.0, 15.0),
     "Freeway-MinAtar": (10_000_000, 58.0, 58.0),
