@@ -5,9 +5,14 @@ import os
 import sys
 
 # Two CPU devices for the multi-device tests. XLA:CPU's older per-operation code emitters compile
-# the tests' programs in about half the time of its fusion emitters (bench/RESULTS.md); the scripts
-# a test starts get the same flag (helpers.script_env).
-for _flag in ["--xla_force_host_platform_device_count=2", "--xla_cpu_use_fusion_emitters=false"]:
+# the tests' programs in about half the time of its fusion emitters, and code generation in one
+# piece is faster than split over threads when two test processes share the cores
+# (bench/RESULTS.md); the scripts a test starts get the same flags (helpers.script_env).
+for _flag in [
+    "--xla_force_host_platform_device_count=2",
+    "--xla_cpu_use_fusion_emitters=false",
+    "--xla_cpu_parallel_codegen_split_count=1",
+]:
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
