@@ -211,6 +211,7 @@ class RunnerState(NamedTuple):
     obs_stats: envs.ObsStats | None
     # the discounted returns' statistics; --no-normalize-reward: None
     reward_stats: envs.RewardStats | None
+    epoch: jax.Array  # [] epochs done: the run's progress is epoch / num_epochs
     key: jax.Array  # differs per device
 
 
@@ -454,6 +455,7 @@ def make_trainer(config: Config) -> run.Trainer:
             obs=obs,
             episode_stats=envs.init_episode_stats(layout.envs_per_device),
             obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
+            epoch=jnp.int32(0),
             key=run_key,
             reward_stats=envs.init_reward_stats(obs.shape[0]) if config.normalize_reward else None,
         )
@@ -607,6 +609,7 @@ def make_trainer(config: Config) -> run.Trainer:
             obs_stats=obs_stats,
             policy_opt_state=policy_opt_state,
             value_opt_state=value_opt_state,
+            epoch=state.epoch + 1,
             key=key,
         )
         return state, metrics

@@ -211,6 +211,7 @@ class RunnerState(NamedTuple):
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
+    epoch: jax.Array  # [] epochs done: the run's progress is epoch / num_epochs
     key: jax.Array  # differs per device
     # --normalize-obs: what the networks normalize with; None (no arrays) if off
     obs_stats: envs.ObsStats | None
@@ -473,6 +474,7 @@ def make_trainer(config: Config) -> run.Trainer:
             env_state=env_state,
             obs=obs,
             episode_stats=envs.init_episode_stats(B),
+            epoch=jnp.int32(0),
             key=run_key,
             obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
             reward_stats=envs.init_reward_stats(B) if config.normalize_reward else None,
@@ -662,7 +664,10 @@ def make_trainer(config: Config) -> run.Trainer:
             envs.update_obs_stats(state.obs_stats, r.traj.obs) if config.normalize_obs else None
         )
         state = state._replace(
-            policy=policy, policy_opt_state=policy_opt_state, obs_stats=obs_stats
+            policy=policy,
+            policy_opt_state=policy_opt_state,
+            obs_stats=obs_stats,
+            epoch=state.epoch + 1,
         )
         return state, metrics
 

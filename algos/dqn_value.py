@@ -226,7 +226,7 @@ class RunnerState(NamedTuple):
     obs: jax.Array  # [B, *obs_shape]
     replay: Replay
     episode_stats: envs.EpisodeStats
-    epoch: jax.Array  # [] epochs done (drives epsilon)
+    epoch: jax.Array  # [] epochs done: drives epsilon; the run's progress is epoch / num_epochs
     step: jax.Array  # [] gradient steps done (drives the target sync)
     key: jax.Array  # differs per device
 

@@ -133,6 +133,7 @@ class RunnerState(NamedTuple):
     obs_stats: envs.ObsStats | None
     # the discounted returns' statistics; --no-normalize-reward: None
     reward_stats: envs.RewardStats | None
+    epoch: jax.Array  # [] epochs done: the run's progress is epoch / num_epochs
     key: jax.Array  # differs per device
 
 
@@ -275,6 +276,7 @@ def make_trainer(config: Config) -> run.Trainer:
             reward_stats=(
                 envs.init_reward_stats(layout.envs_per_device) if config.normalize_reward else None
             ),
+            epoch=jnp.int32(0),
             key=run_key,
         )
 
@@ -389,7 +391,9 @@ def make_trainer(config: Config) -> run.Trainer:
         obs_stats = (
             envs.update_obs_stats(state.obs_stats, traj.obs) if config.normalize_obs else None
         )
-        state = state._replace(params=params, opt_state=opt_state, obs_stats=obs_stats, key=key)
+        state = state._replace(
+            params=params, opt_state=opt_state, obs_stats=obs_stats, epoch=state.epoch + 1, key=key
+        )
         return state, metrics
 
     def act(policy: envs.Policy, obs, key):

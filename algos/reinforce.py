@@ -112,6 +112,7 @@ class RunnerState(NamedTuple):
     obs_stats: envs.ObsStats | None
     # --normalize-reward: the discounted returns' statistics; off: None
     reward_stats: envs.RewardStats | None
+    epoch: jax.Array  # [] epochs done: the run's progress is epoch / num_epochs
     key: jax.Array  # differs per device
 
 
@@ -231,6 +232,7 @@ def make_trainer(config: Config) -> run.Trainer:
             reward_stats=envs.init_reward_stats(envs_per_device)
             if config.normalize_reward
             else None,
+            epoch=jnp.int32(0),
             key=run_key,
         )
 
@@ -337,7 +339,11 @@ def make_trainer(config: Config) -> run.Trainer:
         metrics.update(envs.episode_metrics(state.episode_stats, devices.DEVICE_AXIS))
         # this epoch's observations, every device's, join the statistics (--normalize-obs off: None
         # stays None)
-        state = state._replace(obs_stats=envs.update_obs_stats(state.obs_stats, traj.obs), key=key)
+        state = state._replace(
+            obs_stats=envs.update_obs_stats(state.obs_stats, traj.obs),
+            epoch=state.epoch + 1,
+            key=key,
+        )
         return state, metrics
 
     def act(policy: envs.Policy, obs, key):

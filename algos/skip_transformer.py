@@ -277,6 +277,7 @@ class RunnerState(NamedTuple):
     # the discounted returns' statistics; --no-normalize-reward: None
     reward_stats: envs.RewardStats | None
     skip_step: jax.Array  # [] gradient steps so far: drives the skip warmup
+    epoch: jax.Array  # [] epochs done: the run's progress is epoch / num_epochs
     depth_key: jax.Array  # the same on every device; seed 0's draws serve every seed
     key: jax.Array  # differs per device
 
@@ -411,6 +412,7 @@ def make_trainer(config: Config) -> run.Trainer:
             reward_stats=envs.init_reward_stats(n_envs) if config.normalize_reward else None,
             skip_step=jnp.int32(0),
             depth_key=depth_key,
+            epoch=jnp.int32(0),
             key=run_key,
         )
 
@@ -532,7 +534,12 @@ def make_trainer(config: Config) -> run.Trainer:
         # the statistics
         obs_stats = envs.update_obs_stats(state.obs_stats, traj.obs[:, :, -1, :-1])
         state = state._replace(
-            params=params, opt_state=opt_state, obs_stats=obs_stats, skip_step=skip_step, key=key
+            params=params,
+            opt_state=opt_state,
+            obs_stats=obs_stats,
+            skip_step=skip_step,
+            epoch=state.epoch + 1,
+            key=key,
         )
         return state, metrics
 

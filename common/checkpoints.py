@@ -15,6 +15,7 @@ with a message, before anything compiles.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -125,10 +126,10 @@ def load(path: Path, template):
     meta, leaves = _read(path, leaves=True)
     want, treedef = jax.tree.flatten(template)
     saved_treedef = meta["treedef"]
-    old_treedef = jax.tree.structure(_renamed(template, {new: old for old, new in RENAMED.items()}))
-    if str(treedef) != saved_treedef and str(old_treedef) == saved_treedef:  # before `RENAMED`
-        leaves = jax.tree.leaves(_renamed(jax.tree.unflatten(old_treedef, leaves), RENAMED))
-        saved_treedef = str(treedef)
+    if str(treedef) != saved_treedef:
+        older = _from_older_layout(template, saved_treedef, leaves, int(meta["epoch"]))
+        if older is not None:
+            leaves, saved_treedef = older, str(treedef)
     # e.g. obs_stats beside the state, not in it
     if len(want) != len(leaves) or str(treedef) != saved_treedef:
         raise cli.ConfigError(
@@ -157,6 +158,26 @@ def load(path: Path, template):
 # Parameter keys renamed to the vocabulary of the other scripts: old -> new. A checkpoint written
 # before reads under the new names.
 RENAMED = {"body": "torso", "head": "value"}  # dqn_value's Q-network
+
+
+def _from_older_layout(template, saved_treedef: str, leaves: list, epoch: int) -> list | None:
+    """The leaves of a checkpoint written by an older layout of the script's state, in the layout
+    of `template`; None if `saved_treedef` is none of them. The older layouts: parameter keys
+    before `RENAMED`, and a runner state without its `epoch` counter (the counter starts at the
+    checkpoint's epoch)."""
+    renamed = jax.tree.structure(_renamed(template, {new: old for old, new in RENAMED.items()}))
+    if str(renamed) == saved_treedef:
+        return jax.tree.leaves(_renamed(jax.tree.unflatten(renamed, leaves), RENAMED))
+    fields = getattr(template, "_fields", ())
+    if "epoch" in fields:
+        rest = [name for name in fields if name != "epoch"]
+        without = collections.namedtuple(type(template).__name__, rest)
+        older = jax.tree.structure(without(*(getattr(template, name) for name in rest)))
+        if str(older) == saved_treedef:
+            saved = jax.tree.unflatten(older, leaves)
+            counter = np.full(template.epoch.shape, epoch, template.epoch.dtype)
+            return jax.tree.leaves(type(template)(**saved._asdict(), epoch=counter))
+    return None
 
 
 def _renamed(tree, names: dict):

@@ -2,6 +2,7 @@
 with its fix, and a write that dies leaving the last good checkpoint. The state is the tiny
 ppo_joint trainer's (`helpers.initial_state`)."""
 
+import collections
 import dataclasses
 import json
 
@@ -122,3 +123,20 @@ def test_a_checkpoint_written_before_a_key_was_renamed_loads_under_the_new_name(
     assert jax.tree.structure(old) != jax.tree.structure(host(state))
     loaded, _ = checkpoints.load(checkpoints.save(tmp_path, old, 1), template)
     chex.assert_trees_all_equal(loaded, host(state))
+
+
+def test_a_checkpoint_written_before_the_epoch_counter_resumes_counting_from_its_epoch(
+    tmp_path, init_state
+):
+    """Runner states gained `epoch` (the epochs done): a checkpoint of a state without it (saved
+    from the same fields under a NamedTuple of the same name) loads with every other leaf in its
+    place and the counter at the checkpoint's epoch."""
+    c, state = init_state
+    template = jax.eval_shape(c.init, run_keys(0))
+    rest = [name for name in state._fields if name != "epoch"]
+    older = collections.namedtuple(type(state).__name__, rest)(*(getattr(state, k) for k in rest))
+    loaded, epoch = checkpoints.load(checkpoints.save(tmp_path, host(older), 7), template)
+    assert epoch == 7
+    np.testing.assert_array_equal(loaded.epoch, np.full(template.epoch.shape, 7))
+    assert loaded.epoch.dtype == template.epoch.dtype
+    chex.assert_trees_all_equal(loaded._replace(epoch=None), host(state)._replace(epoch=None))

@@ -345,6 +345,7 @@ def test_two_devices_holding_halves_train_as_one_device_holding_everything(name,
         if same and a.dtype != jnp.uint32:
             np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
     assert not np.array_equal(first.obs, second.obs)  # the devices hold other environments
+    np.testing.assert_array_equal(two.epoch, 3)  # every script's state counts its epochs
     joined = to_one(two)
     for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(joined), jax.tree.leaves(one)):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path))

@@ -65,12 +65,9 @@ def test_a_non_finite_value_loss_stops_the_run_in_its_epoch(tmp_path, name, over
 # ----------------------------------------------------------------------------
 # --resume continues a run exactly: after Ctrl-C and after kill -9
 # ----------------------------------------------------------------------------
-# the replay rings (awr: 2 epochs, dqn_value: 3) wrap; skip_transformer skips
-EPOCHS, CHECKPOINT_EVERY = (
-    4,
-    2,
-)
-# blocks from its first gradient step
+# the replay rings (awr: 2 epochs, dqn_value: 3) wrap; skip_transformer skips blocks from its first
+# gradient step
+EPOCHS, CHECKPOINT_EVERY = 4, 2
 
 
 def resume_config(name, out_dir, **overrides):
