@@ -241,25 +241,16 @@ def reset_envs(env, env_params, key: jax.Array, n: int):
 PARTIALLY_OBSERVED = {"CartPoleNoVel-v1": ("CartPole-v1", (0, 2))}
 
 
-class OneHotObservations:
-    """A gymnax environment whose observations are a Discrete space's index (FrozenLake's cell),
-    shown one-hot: `n` numbers, one of them 1, so that a network reads the state as its own input,
-    not as one scalar whose size means nothing. `encode` turns the wrapped environment's
-    observations into these."""
+class EncodedObservations:
+    """A gymnax environment whose observations (the `info["final_observation"]` of a step too) are
+    the wrapped `env`'s passed through `encode`; dynamics, keys and resets are the wrapped
+    environment's. A subclass defines `encode` and the `observation_space` it gives."""
 
-    def __init__(self, env, n: int):
-        self.env, self.n = env, n
+    def __init__(self, env):
+        self.env = env
 
     def action_space(self, env_params):
         return self.env.action_space(env_params)
-
-    def observation_space(self, env_params):
-        from gymnax.environments import spaces
-
-        return spaces.Box(0.0, 1.0, (self.n,), jnp.float32)
-
-    def encode(self, obs):
-        return jax.nn.one_hot(obs, self.n, dtype=jnp.float32)
 
     def reset(self, key, env_params=None):
         obs, state = self.env.reset(key, env_params)
@@ -273,16 +264,30 @@ class OneHotObservations:
         return self.encode(obs), state, reward, terminated, truncated, info
 
 
-class HiddenEntries:
-    """A gymnax environment that shows only the entries `keep` of its flattened observations (the
-    `info["final_observation"]` of a step too); dynamics, keys and resets are the wrapped `env`'s.
-    """
+class OneHotObservations(EncodedObservations):
+    """Observations that are a Discrete space's index (FrozenLake's cell), shown one-hot: `n`
+    numbers, one of them 1, so that a network reads the state as its own input, not as one scalar
+    whose size means nothing."""
+
+    def __init__(self, env, n: int):
+        super().__init__(env)
+        self.n = n
+
+    def observation_space(self, env_params):
+        from gymnax.environments import spaces
+
+        return spaces.Box(0.0, 1.0, (self.n,), jnp.float32)
+
+    def encode(self, obs):
+        return jax.nn.one_hot(obs, self.n, dtype=jnp.float32)
+
+
+class HiddenEntries(EncodedObservations):
+    """Observations that show only the entries `keep` of the wrapped environment's, flattened."""
 
     def __init__(self, env, keep: tuple[int, ...]):
-        self.env, self.keep = env, tuple(keep)
-
-    def action_space(self, env_params):
-        return self.env.action_space(env_params)
+        super().__init__(env)
+        self.keep = tuple(keep)
 
     def observation_space(self, env_params):
         from gymnax.environments import spaces
@@ -294,19 +299,8 @@ class HiddenEntries:
 
         return spaces.Box(bound(space.low), bound(space.high), (len(keep),), space.dtype)
 
-    def _shown(self, obs):
+    def encode(self, obs):
         return jnp.ravel(obs)[jnp.array(self.keep)]
-
-    def reset(self, key, env_params=None):
-        obs, env_state = self.env.reset(key, env_params)
-        return self._shown(obs), env_state
-
-    def step(self, key, state, action, env_params=None):
-        obs, env_state, reward, terminated, truncated, info = self.env.step(
-            key, state, action, env_params
-        )
-        info = {**info, "final_observation": self._shown(info["final_observation"])}
-        return self._shown(obs), env_state, reward, terminated, truncated, info
 
 
 class WindowState(NamedTuple):
