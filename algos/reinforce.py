@@ -8,7 +8,7 @@ mean return of the epoch's rollout. One epoch -- a vectorized gymnax rollout,
 the returns and the Adam steps -- is one compiled function.
 
     python algos/reinforce.py --baseline                          # CartPole-v1
-    python algos/reinforce.py --baseline --num-envs 4 --batch-size 2048 --num-seeds 4
+    python algos/reinforce.py --baseline --num-envs 4 --batch-size 1024 --num-seeds 4
 
 docs/algorithms/reinforce.md has the math, the flags that matter and the results.
 """
@@ -38,9 +38,9 @@ class Config(cli.RunConfig):
     """parallel environments (split over devices)"""
     num_steps: int = 512
     """steps per environment per epoch (rollout length T); returns stop at its end"""
-    batch_size: int = 4096
+    batch_size: int = 2048
     """transitions per Adam step, all devices (at most num_envs * num_steps)"""
-    update_steps: int = 1
+    update_steps: int = 2
     """Adam steps per epoch, each on a fresh random batch of this epoch's rollout"""
     lr: float = 3e-3
     """Adam learning rate"""
