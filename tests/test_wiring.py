@@ -359,6 +359,7 @@ def pg():
         num_envs=8,
         num_steps=32,
         batch_size=256,
+        update_steps=1,
         hidden=(16,),
         gamma=0.9,
         baseline=True,
