@@ -164,7 +164,8 @@ def _from_older_layout(template, saved_treedef: str, leaves: list, epoch: int) -
     """The leaves of a checkpoint written by an older layout of the script's state, in the layout
     of `template`; None if `saved_treedef` is none of them. The older layouts: parameter keys
     before `RENAMED`, and a runner state without its `epoch` counter (the counter starts at the
-    checkpoint's epoch)."""
+    checkpoint's epoch). A tree structure names its NamedTuples but not their fields: a structure
+    that matches is then checked leaf by leaf, shapes and dtypes, as any checkpoint is."""
     renamed = jax.tree.structure(_renamed(template, {new: old for old, new in RENAMED.items()}))
     if str(renamed) == saved_treedef:
         return jax.tree.leaves(_renamed(jax.tree.unflatten(renamed, leaves), RENAMED))
@@ -175,7 +176,8 @@ def _from_older_layout(template, saved_treedef: str, leaves: list, epoch: int) -
         older = jax.tree.structure(without(*(getattr(template, name) for name in rest)))
         if str(older) == saved_treedef:
             saved = jax.tree.unflatten(older, leaves)
-            counter = np.full(template.epoch.shape, epoch, template.epoch.dtype)
+            # [devices, runs] as the checkpoint holds them: `load` refuses another --n-devices
+            counter = np.full(saved.key.shape[: template.epoch.ndim], epoch, template.epoch.dtype)
             return jax.tree.leaves(type(template)(**saved._asdict(), epoch=counter))
     return None
 

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from common import devices
+from common import devices, nets
 from helpers import quick_compile
 
 GAMES = ["Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"]
@@ -32,8 +32,9 @@ def test_two_epochs_of_every_game_train_with_the_defaults(name, game):
     keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, 1)
     trainer, init, epoch = quick_compile(module.make_trainer, config, keys)
     state = init(keys)
-    # the conv torso's kernels: [n_devices, seeds, 3, 3, channels, 16]
-    assert any(x.ndim == 6 for x in jax.tree.leaves(state)), "no conv torso"
+    channels = trainer.env.observation_space(trainer.env_params).shape[-1]
+    kernel = (nets.CONV_KERNEL, nets.CONV_KERNEL, channels, nets.CONV_CHANNELS)
+    assert any(x.shape[-4:] == kernel for x in jax.tree.leaves(state)), "no conv torso"
     shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
     for _ in range(EPOCHS):
         state, metrics = epoch(state)
