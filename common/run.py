@@ -398,7 +398,7 @@ def compile_programs(setup: Setup) -> Programs:
 
 def first_device(trainer: Trainer, state):
     """What `act` reads of every run (seed and member), as held by device 0: `[runs, ...]`."""
-    return jax.device_put(trainer.policy(devices.unreplicate(state)), jax.local_devices()[0])
+    return jax.device_put(devices.unreplicate(trainer.policy(state)), jax.local_devices()[0])
 
 
 def run_epochs(
