@@ -25,17 +25,13 @@ from algos.awr import (
 )
 from common import checkpoints, devices, nets, run
 from common.distributions import Categorical, DiagonalGaussian
-from helpers import command, script_env
+from helpers import TINY_BY_SCRIPT, command, script_env
 
 ROOT = Path(__file__).resolve().parents[1]
+# awr's tiny config (helpers.TINY_BY_SCRIPT) with a replay of 3 epochs and one small layer
 TINY = dict(
-    num_envs=4,
-    num_steps=16,
+    TINY_BY_SCRIPT["awr"],
     n_replay_epochs=3,
-    policy_steps=4,
-    value_steps=4,
-    policy_batch_size=32,
-    value_batch_size=32,
     hidden=(16,),
     total_steps=4 * 16 * 6,
     eval_every=0,

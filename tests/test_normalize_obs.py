@@ -20,7 +20,7 @@ import pytest
 from algos import actor_critic, awr, ppo_joint, reinforce
 from algos import skip_transformer as st
 from common import checkpoints, cli, devices, envs, run
-from helpers import PPO_RUN, RESUME_FLAGS, host, quick_compile, slow_for
+from helpers import PPO_RUN, RESUME_FLAGS, TINY_BY_SCRIPT, host, quick_compile, slow_for
 
 
 # ----------------------------------------------------------------------------
@@ -147,43 +147,22 @@ def test_reward_stats_follow_each_environments_discounted_return_across_rollouts
 # Every script with the flag
 # ----------------------------------------------------------------------------
 STEPS = 4 * 16 * 6
-AWR = dict(
-    num_envs=4,
-    num_steps=16,
-    n_replay_epochs=3,
-    policy_steps=2,
-    value_steps=2,
-    policy_batch_size=32,
-    value_batch_size=32,
-    hidden=(16,),
-)
+# each script's tiny config (helpers.TINY_BY_SCRIPT) with what these tests change
+AWR = dict(TINY_BY_SCRIPT["awr"], n_replay_epochs=3, policy_steps=2, value_steps=2, hidden=(16,))
 SCRIPTS = {
-    "ppo_joint": (ppo_joint, dict(num_envs=4, num_steps=16, num_minibatches=2, update_passes=2)),
+    "ppo_joint": (ppo_joint, TINY_BY_SCRIPT["ppo_joint"]),
     "actor_critic": (
         actor_critic,
-        dict(
-            num_envs=4,
-            num_steps=16,
-            policy_batch_size=32,
-            value_batch_size=32,
-            policy_steps=2,
-            value_steps=2,
-            loss="ppo",
-        ),
+        dict(TINY_BY_SCRIPT["actor_critic"], policy_steps=2, value_steps=2, loss="ppo"),
     ),
-    "reinforce": (
-        reinforce,
-        dict(num_envs=4, num_steps=16, batch_size=32, update_steps=2, baseline=True),
-    ),
+    "reinforce": (reinforce, dict(TINY_BY_SCRIPT["reinforce"], update_steps=2, baseline=True)),
     "awr": (awr, AWR),
     "sampling_awr": (awr, dict(AWR, q_value=True, n_samples=2)),
     "skip_transformer": (
         st,
         dict(
-            num_envs=4,
-            num_steps=16,
+            TINY_BY_SCRIPT["skip_transformer"],
             update_passes=2,
-            num_minibatches=2,
             context_len=3,
             d_model=8,
             n_heads=2,
