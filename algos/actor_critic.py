@@ -31,16 +31,13 @@ from common.metrics import residual_metrics
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(cli.RunConfig):
+class Config(cli.TrainConfig):
     # Float flags are inputs of the compiled programs: traced numbers, so runs that differ only in
     # them share their programs. Compute with them (jnp.where); a Python `if` on one is refused.
     # Constants instead: a SWITCHES flag at 0 (its term left out) and the STATIC_FLOATS.
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     STATIC_FLOATS = ()
-    num_envs: int = 8
-    """parallel environments (split over devices)"""
-    num_steps: int = 128
-    """steps per environment per epoch (rollout length T)"""
+    # cli.TrainConfig holds num_envs, num_steps, gamma, anneal_lr and max_grad_norm
     loss: Literal["a2c", "ppo"] = "a2c"
     """policy loss: a2c = -A log pi - c_ent H; ppo = clipped surrogate - c_ent H"""
     advantage: Literal["monte-carlo", "td-k", "td-lambda", "gae"] = "gae"
@@ -49,15 +46,11 @@ class Config(cli.RunConfig):
     """k of --advantage td-k: rewards summed before bootstrapping"""
     gae_lambda: float = 0.95
     """lambda of --advantage td-lambda and gae (the lambda-return's)"""
-    gamma: float = 0.99
-    """discount"""
     policy_lr: float = 0.0
     """policy Adam learning rate (0: 7e-3 for a2c, whose one step per epoch must go far; 2.5e-3 for
     ppo)"""
     value_lr: float = 2.5e-3
     """value Adam learning rate"""
-    anneal_lr: bool = True
-    """anneal both learning rates linearly to 0 over the run (false: keep them constant)"""
     policy_batch_size: int = 0
     """transitions per policy step, all devices (at most num_envs * num_steps; 0: the whole rollout
     for a2c, a quarter of it for ppo)"""
@@ -68,8 +61,6 @@ class Config(cli.RunConfig):
     PPO needs several, its ratio is 1 at the first)"""
     value_steps: int = 16
     """value Adam steps per epoch (run before the policy's), in passes over the shuffled rollout"""
-    max_grad_norm: float = 0.5
-    """clip each network's gradients to this global norm (0: no clipping)"""
     clip_eps: float = 0.2
     """ratio clip epsilon of --loss ppo"""
     ent_coef: float = 0.0
@@ -113,7 +104,7 @@ class Config(cli.RunConfig):
                 value in choices,
                 f"{cli.flag_name(name)} {value!r}: use one of {', '.join(choices)}",
             )
-        for name in ("num_envs", "num_steps", "td_k", "value_batch_size", "value_steps"):
+        for name in ("td_k", "value_batch_size", "value_steps"):
             cli.require(getattr(self, name) >= 1, f"{cli.flag_name(name)} must be at least 1")
         for name in ("policy_batch_size", "policy_steps"):
             cli.require(
@@ -130,12 +121,8 @@ class Config(cli.RunConfig):
             f"--policy-lr {self.policy_lr}, --value-lr "
             f"{self.value_lr}: use positive learning rates (--policy-lr 0: the --loss default)",
         )
-        cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
         cli.require(
             0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]"
-        )
-        cli.require(
-            self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
         )
         cli.require(
             self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"

@@ -32,16 +32,13 @@ from common.distributions import make_distribution
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(cli.RunConfig):
+class Config(cli.TrainConfig):
     # Float flags are inputs of the compiled programs: traced numbers, so runs that differ only in
     # them share their programs. Compute with them (jnp.where); a Python `if` on one is refused.
     # Constants instead: a SWITCHES flag at 0 (its term left out) and the STATIC_FLOATS.
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     STATIC_FLOATS = ()
-    num_envs: int = 8
-    """parallel environments (split over devices)"""
-    num_steps: int = 128
-    """steps per environment per epoch"""
+    # cli.TrainConfig holds num_envs, num_steps, gamma, anneal_lr and max_grad_norm
     n_replay_epochs: int = 4
     """epochs of transitions kept in the replay buffer (1: only the newest epoch)"""
     policy_lr: float = 1e-3
@@ -52,17 +49,11 @@ class Config(cli.RunConfig):
     """policy Adam steps per epoch"""
     value_lr: float = 1e-3
     """critic Adam learning rate"""
-    anneal_lr: bool = True
-    """anneal both learning rates linearly to 0 over the run (false: keep them constant)"""
     value_batch_size: int = 256
     """transitions per critic minibatch (per device), drawn uniformly from the replay"""
     value_steps: int = 0
     """critic Adam steps per epoch (0: 32 for V; 128 for Q, which learns the action's effect from
     taken actions only)"""
-    max_grad_norm: float = 0.5
-    """clip each network's gradients to this global norm (0: no clipping)"""
-    gamma: float = 0.99
-    """discount"""
     gae_lambda: float = 0.95
     """lambda of the TD(lambda) return (GAE's lambda: the same lambda-return)"""
     beta: float = 2.0
@@ -107,8 +98,6 @@ class Config(cli.RunConfig):
     def __post_init__(self):
         super().__post_init__()
         for name in (
-            "num_envs",
-            "num_steps",
             "policy_batch_size",
             "policy_steps",
             "value_batch_size",
@@ -143,10 +132,9 @@ class Config(cli.RunConfig):
             "--beta, --w-max, --policy-lr and --value-lr must be positive",
         )
         cli.require(
-            0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1,
-            "--gamma and --gae-lambda: use [0, 1]",
+            0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]"
         )
-        cli.require_non_negative(self, "max_grad_norm", "ent_coef")
+        cli.require_non_negative(self, "ent_coef")
         cli.require(
             self.value_steps >= 0,
             f"--value-steps {self.value_steps}: use 1 or more (0: by the critic)",

@@ -36,22 +36,21 @@ from common import cli, devices, envs, nets, run
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(cli.RunConfig):
+class Config(cli.TrainConfig):
     # Float flags are inputs of the compiled programs: traced numbers, so runs that differ only in
     # them share their programs. Compute with them (jnp.where); a Python `if` on one is refused.
     # Constants instead: a SWITCHES flag at 0 (its term left out) and the STATIC_FLOATS.
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     STATIC_FLOATS = ()
+    # cli.TrainConfig holds num_envs, num_steps, gamma, anneal_lr and max_grad_norm; these four and
+    # three run flags take other defaults here
+    num_envs: int = 10
+    num_steps: int = 10
+    max_grad_norm: float = 1.0
     total_steps: int = 150_000
-    """environment steps to train for (per seed)"""
     eval_every: int = 250
     """greedy evaluation every this many epochs (0: only at the end): 25k steps at the defaults"""
     checkpoint_every: int = 250
-    """save a checkpoint every this many epochs (and at the end, and on Ctrl-C)"""
-    num_envs: int = 10
-    """parallel environments (split over devices)"""
-    num_steps: int = 10
-    """steps per environment per epoch"""
     update_steps: int = 50
     """gradient steps per epoch, each on --batch-size transitions sampled from the replay"""
     batch_size: int = 100
@@ -60,12 +59,6 @@ class Config(cli.RunConfig):
     """replay buffer: the transitions of the last this many epochs (a ring buffer)"""
     lr: float = 3e-4
     """Adam learning rate"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly to 0 over the run (false: keep it constant)"""
-    max_grad_norm: float = 1.0
-    """clip gradients to this global norm (0: no clipping)"""
-    gamma: float = 0.99
-    """discount"""
     n_step: int = 3
     """n of the n-step targets: sum_{k<n} gamma^k r_{t+k} + gamma^n max_a Q_target(s_{t+n}, a), cut
     at episode ends"""
@@ -94,7 +87,7 @@ class Config(cli.RunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("num_envs", "num_steps", "update_steps", "batch_size", "n_replay_epochs"):
+        for name in ("update_steps", "batch_size", "n_replay_epochs"):
             cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         cli.require(self.n_step >= 1, f"--n-step {self.n_step}: use 1 (one-step targets) or more")
         cli.require(
@@ -114,13 +107,9 @@ class Config(cli.RunConfig):
             f"steps per environment; use a smaller --n-step or more --n-replay-epochs",
         )
         cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
-        cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
         cli.require(
             self.gamma < 1 or not self.scale_value_targets,
             "--scale-value-targets divides by 1 - gamma: use --gamma below 1",
-        )
-        cli.require(
-            self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
         )
         for name in ("eps_start", "eps_min"):
             value = getattr(self, name)

@@ -28,14 +28,13 @@ from common.distributions import make_distribution
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(cli.RunConfig):
+class Config(cli.TrainConfig):
     # Float flags are inputs of the compiled programs: traced numbers, so runs that differ only in
     # them share their programs. Compute with them (jnp.where); a Python `if` on one is refused.
     # Constants instead: a SWITCHES flag at 0 (its term left out) and the STATIC_FLOATS.
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     STATIC_FLOATS = ()
-    num_envs: int = 8
-    """parallel environments (split over devices)"""
+    # cli.TrainConfig holds num_envs, num_steps, gamma, anneal_lr and max_grad_norm
     num_steps: int = 512
     """steps per environment per epoch (rollout length T); returns stop at its end"""
     batch_size: int = 2048
@@ -44,12 +43,6 @@ class Config(cli.RunConfig):
     """Adam steps per epoch, each on a fresh random batch of this epoch's rollout"""
     lr: float = 3e-3
     """Adam learning rate"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly to 0 over the run (false: keep it constant)"""
-    max_grad_norm: float = 0.5
-    """clip gradients to this global norm (0: no clipping)"""
-    gamma: float = 0.99
-    """discount"""
     baseline: bool = False
     """subtract the mean return of the epoch's rollout (all devices) from every return"""
     torso: nets.Torso = "auto"
@@ -71,13 +64,9 @@ class Config(cli.RunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("num_envs", "num_steps", "batch_size", "update_steps"):
+        for name in ("batch_size", "update_steps"):
             cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
-        cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
-        cli.require(
-            self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
-        )
         cli.require(
             len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
         )

@@ -35,33 +35,24 @@ from common.metrics import residual_metrics
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(cli.RunConfig):
+class Config(cli.TrainConfig):
     # Float flags are inputs of the compiled programs: traced numbers, so runs that differ only in
     # them share their programs. Compute with them (jnp.where); a Python `if` on one is refused.
     # Constants instead: a SWITCHES flag at 0 (its term left out) and the STATIC_FLOATS.
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     # one depth drawn for every run of the program (skipping.first_copy)
     STATIC_FLOATS = ("skip_fraction",)
+    # cli.TrainConfig holds num_envs, num_steps, gamma, anneal_lr and max_grad_norm
     env: str = "CartPoleNoVel-v1"
     """gymnax environment id, or CartPoleNoVel-v1: CartPole-v1 with its velocities hidden"""
     total_steps: int = 200_000
     """environment steps to train for (per seed)"""
-    num_envs: int = 8
-    """parallel environments (split over devices)"""
-    num_steps: int = 128
-    """steps per environment per epoch (rollout length T)"""
     update_passes: int = 4
     """passes over each rollout"""
     num_minibatches: int = 4
     """minibatches per pass (must divide the per-device batch num_envs / n_devices * num_steps)"""
     lr: float = 1e-3
     """Adam learning rate"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly to 0 over the run (false: keep it constant)"""
-    max_grad_norm: float = 0.5
-    """clip gradients to this global norm (0: no clipping)"""
-    gamma: float = 0.99
-    """discount"""
     gae_lambda: float = 0.95
     """lambda of GAE"""
     normalize_advantages: bool = False
@@ -102,8 +93,6 @@ class Config(cli.RunConfig):
     def __post_init__(self):
         super().__post_init__()
         for name in (
-            "num_envs",
-            "num_steps",
             "update_passes",
             "num_minibatches",
             "context_len",
@@ -114,12 +103,8 @@ class Config(cli.RunConfig):
         ):
             cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
-        cli.require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
         cli.require(
             0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]"
-        )
-        cli.require(
-            self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
         )
         cli.require(
             self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"

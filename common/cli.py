@@ -140,6 +140,35 @@ class RunConfig:
             dataclasses.replace(self, sweep=(), **member)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(RunConfig):
+    """Flags every algorithm has, with one meaning in all of them: the rollout's size, the discount,
+    the learning-rate schedule and gradient clipping. A script's `Config` subclasses it and gives a
+    field its own default by declaring it again (`num_steps: int = 512`), with its own docstring or
+    this one."""
+
+    SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
+    num_envs: int = 8
+    """parallel environments (split over devices)"""
+    num_steps: int = 128
+    """steps per environment per epoch (rollout length T)"""
+    gamma: float = 0.99
+    """discount"""
+    anneal_lr: bool = True
+    """anneal every learning rate linearly to 0 over the run (false: keep them constant)"""
+    max_grad_norm: float = 0.5
+    """clip the gradients of each network to this global norm (0: no clipping)"""
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("num_envs", "num_steps"):
+            require(getattr(self, name) >= 1, f"{flag_name(name)} must be at least 1")
+        require(0 <= self.gamma <= 1, f"--gamma {self.gamma}: use a value in [0, 1]")
+        require(
+            self.max_grad_norm >= 0, f"--max-grad-norm {self.max_grad_norm}: use 0 (off) or more"
+        )
+
+
 def float_flags(cls) -> list[str]:
     """The float flags of a config class: what `--sweep` varies and `--resume` may change."""
     return sorted(k for k, v in typing.get_type_hints(cls).items() if v is float)

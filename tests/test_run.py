@@ -4,6 +4,7 @@ main; train() on the tiny ppo_joint run: resume equal to the uninterrupted run, 
 refused before any write."""
 
 import dataclasses
+import importlib
 import json
 import math
 import subprocess
@@ -20,6 +21,7 @@ from common import checkpoints, cli, devices, envs, loop, outputs, run
 from helpers import (
     PPO_RUN,
     RESUME_FLAGS,
+    SCRIPTS,
     Config,
     initial_state,
     make_trainer,
@@ -48,6 +50,29 @@ def test_flags_come_from_fields_with_their_docstrings():
     assert "--n-samples INT action samples per state (default: 1)" in text
     assert "--q-value [BOOL] use a Q critic (default: False)" in text
     assert "--n_samples" not in text  # the snake_case alias is accepted but hidden
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_takes_and_checks_the_shared_training_flags(script):
+    module = importlib.import_module(f"algos.{script}")
+    assert issubclass(module.Config, cli.TrainConfig)
+    with pytest.raises(cli.ConfigError, match=r"^--gamma 1.5: use a value in \[0, 1\]$"):
+        module.Config(gamma=1.5)
+    with pytest.raises(cli.ConfigError, match="^--num-steps must be at least 1$"):
+        module.Config(num_steps=0)
+
+
+def test_a_script_gives_a_shared_flag_its_own_default_and_keeps_its_help():
+    from algos import dqn_value, ppo_joint, reinforce
+
+    shared = cli.field_docs(cli.TrainConfig)
+    assert (dqn_value.Config().num_envs, ppo_joint.Config().num_envs) == (10, 8)
+    # declared again without a docstring: TrainConfig's is its --help
+    assert cli.field_docs(dqn_value.Config)["num_envs"] == shared["num_envs"]
+    text = " ".join(cli.build_parser(dqn_value.Config, "").format_help().split())
+    assert f"--num-envs INT {shared['num_envs']} (default: 10)" in text
+    # declared again with one: its own
+    assert cli.field_docs(reinforce.Config)["num_steps"].endswith("returns stop at its end")
 
 
 @pytest.mark.parametrize(
