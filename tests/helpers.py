@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import importlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -113,6 +114,22 @@ def run_script(script: str, *args, cwd, n_devices: int = 1, timeout: float = 300
         text=True,
         timeout=timeout,
     )
+
+
+def run_outputs(run_dir: Path) -> tuple[dict, list[dict], dict]:
+    """A finished run's config.json, metrics.jsonl records and summary.json, checked against the
+    run-output contract: one record an epoch from epoch 1, a summary with a finite greedy return (one
+    per seed), times and speed, and a checkpoint of the last epoch."""
+    config = json.loads((run_dir / "config.json").read_text())
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [line["epoch"] for line in lines] == list(range(1, len(lines) + 1))
+    assert summary["env_steps"] == lines[-1]["env_steps"]
+    for key in ("eval_return", "wall_time_s", "compile_time_s", "sps", "wall_sps"):
+        assert np.isfinite(summary[key]), key
+    assert len(summary["eval_return_per_seed"]) == config["num_seeds"]
+    assert (run_dir / "checkpoints" / f"epoch_{len(lines):06d}.npz").exists()
+    return config, lines, summary
 
 
 def help_text(script: str, cwd) -> str:

@@ -1,7 +1,6 @@
 """algos/awr.py: weights, Q aggregates, sampled and enumerated actions, replay, TD(lambda), epochs,
 the CLI. Learning: tests/test_learning.py and bench/suite/learning.py."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from algos.awr import (
 )
 from common import checkpoints, devices, nets, run
 from common.distributions import Categorical, DiagonalGaussian
-from helpers import TINY_BY_SCRIPT, command, script_env
+from helpers import TINY_BY_SCRIPT, command, run_outputs, script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # awr's tiny config (helpers.TINY_BY_SCRIPT) with a replay of 3 epochs and one small layer
@@ -399,10 +398,6 @@ def test_bad_config_is_rejected(overrides, match):
 
 
 def test_bad_setup_is_rejected_by_make_trainer():
-    with pytest.raises(ValueError, match="not divisible by --n-devices 2"):
-        make_trainer(Config(num_envs=3, n_devices=2))
-    with pytest.raises(ValueError, match="less than one epoch"):
-        make_trainer(Config(total_steps=100))
     with pytest.raises(ValueError, match="--std network applies to continuous"):
         make_trainer(Config(std="network"))
     with pytest.raises(ValueError, match="--n-samples 1 learns nothing.*2 enumerates every action"):
@@ -450,12 +445,9 @@ def test_headline_command_through_the_cli(tmp_path):
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    config, lines, summary = run_outputs(tmp_path / "run")
     assert config["q_value"] is True and config["n_samples"] == 4
-    lines = [
-        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert [line["epoch"] for line in lines] == [1, 2]
+    assert len(lines) == 2 and summary["env_steps"] == 2048
     for key in (
         "loss/policy",
         "loss/value",
@@ -468,5 +460,3 @@ def test_headline_command_through_the_cli(tmp_path):
         "episode/return",
     ):
         assert key in lines[-1], key
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["env_steps"] == 2048 and np.isfinite(summary["eval_return"])

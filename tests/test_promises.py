@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from common import checkpoints, devices, envs, run, sweep
+from common import checkpoints, cli, devices, envs, run, sweep
 from helpers import SCRIPTS, TINY_BY_SCRIPT, slow_for
 
 RUN = dict(n_devices=1, eval_every=0, eval_episodes=2, compile_cache=False)
@@ -34,6 +34,25 @@ def config(name, out_dir, epochs=3, **overrides):
     return module, module.Config(
         **{**tiny, **RUN, "total_steps": epochs * steps, "out_dir": str(out_dir), **overrides}
     )
+
+
+# ----------------------------------------------------------------------------
+# A run flag's bad value is refused before anything compiles or is written
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SCRIPTS)
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(num_envs=3, n_devices=2), r"^--num-envs 3 is not divisible by --n-devices 2"),
+        (dict(total_steps=10), r"^--total-steps 10 is less than one epoch"),
+        (dict(env="CartPole-v7"), r"^--env 'CartPole-v7' is not a gymnax environment"),
+    ],
+)
+def test_a_bad_run_flag_is_refused_before_compiling(tmp_path, name, overrides, match):
+    module, cfg = config(name, tmp_path / "run", **overrides)
+    with pytest.raises(cli.ConfigError, match=match):
+        run.train(cfg, module.make_trainer, name)
+    assert not (tmp_path / "run").exists()
 
 
 # ----------------------------------------------------------------------------

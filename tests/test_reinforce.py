@@ -6,7 +6,6 @@ tiny (CartPole-v1, 4 envs x 32 steps).
 """
 
 import functools
-import json
 
 import chex
 import jax
@@ -19,7 +18,7 @@ from algos import reinforce
 from algos.reinforce import Batch, Config, make_trainer, reinforce_loss
 from common import devices, envs, run
 from common.distributions import make_distribution
-from helpers import NUM_SEEDS, help_text, host, quick_compile, run_keys, run_script
+from helpers import NUM_SEEDS, host, quick_compile, run_keys, run_outputs, run_script
 
 
 TINY = dict(
@@ -157,7 +156,6 @@ def test_two_device_pendulum_epoch_keeps_devices_in_sync():
         (dict(update_steps=0), "--update-steps must be at least 1"),
         (dict(lr=-1.0), "--lr -1.0: use a positive"),
         (dict(gamma=2.0), "--gamma 2.0"),
-        (dict(max_grad_norm=-0.5), "--max-grad-norm -0.5"),
         (dict(hidden=(0,)), "--hidden"),
     ],
 )
@@ -171,21 +169,14 @@ def test_bad_config_is_rejected(overrides, match):
     [
         (dict(batch_size=129), r"--batch-size 129: .* at most 4 envs x 32 steps = 128"),
         (dict(batch_size=63, n_devices=2), r"--batch-size 63: use a multiple of --n-devices 2"),
-        (dict(num_envs=3, n_devices=2), r"--num-envs 3 .*--n-devices 2"),
         (dict(std="network"), r"--std network.*discrete"),
         (dict(env="Catch"), r"--env 'Catch'.*Catch-bsuite"),
-        (dict(total_steps=127), r"--total-steps 127 .*one epoch"),
     ],
 )
 def test_bad_input_rejected_before_compiling(overrides, match, tmp_path):
     with pytest.raises(ValueError, match=match):
         run.train(tiny(**overrides, out_dir=str(tmp_path / "run")), make_trainer)
     assert not (tmp_path / "run").exists()
-
-
-def test_help_lists_every_flag(tmp_path):
-    text = help_text("reinforce", tmp_path)
-    assert "--baseline [BOOL] subtract the mean return" in text
 
 
 @pytest.mark.slow  # about 15-35 s: import, then a full compile in a fresh process
@@ -212,11 +203,7 @@ def test_cli_writes_outputs(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "eval return" in out.stdout
-    assert json.loads((out_dir / "config.json").read_text())["baseline"] is True
-    lines = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["epoch"] for line in lines] == [1, 2] and "reinforce/return_mean" in lines[-1]
-    summary = json.loads((out_dir / "summary.json").read_text())
-    assert summary["env_steps"] == 256 and len(summary["eval_return_per_seed"]) == 2
-    assert all(
-        np.isfinite(summary[k]) for k in ("eval_return", "wall_time_s", "compile_time_s", "sps")
-    )
+    config, lines, summary = run_outputs(out_dir)
+    assert config["baseline"] is True and config["num_seeds"] == 2
+    assert len(lines) == 2 and summary["env_steps"] == 256
+    assert "reinforce/return_mean" in lines[-1]

@@ -60,6 +60,8 @@ def test_every_script_takes_and_checks_the_shared_training_flags(script):
         module.Config(gamma=1.5)
     with pytest.raises(cli.ConfigError, match="^--num-steps must be at least 1$"):
         module.Config(num_steps=0)
+    with pytest.raises(cli.ConfigError, match="^--max-grad-norm -1.0: use 0 .off. or more$"):
+        module.Config(max_grad_norm=-1.0)
 
 
 def test_a_script_gives_a_shared_flag_its_own_default_and_keeps_its_help():

@@ -7,7 +7,6 @@ Sizes are tiny (4 envs x 32 steps, 2 blocks of width 8) so that a compiled epoch
 """
 
 import functools
-import json
 
 import chex
 import jax
@@ -25,11 +24,11 @@ from helpers import (
     PPO_LOSS_KEYS,
     command,
     count_primitive,
-    help_text,
     host,
     np_gae,
     np_ppo_loss,
     run_keys,
+    run_outputs,
     run_script,
 )
 
@@ -316,9 +315,7 @@ def test_bad_input_rejected_by_config(overrides, match):
     "overrides, match",
     [
         (dict(env="CartPoleNoVel-v2"), r"--env 'CartPoleNoVel-v2'"),
-        (dict(num_envs=3, n_devices=2), r"--num-envs 3 .*--n-devices 2"),
         (dict(num_steps=8, num_minibatches=3), r"--num-minibatches 3 .* 4 envs x 8 steps = 32"),
-        (dict(total_steps=100), r"--total-steps 100 .*one epoch"),
     ],
 )
 def test_bad_input_rejected_by_make_trainer(overrides, match):
@@ -353,12 +350,6 @@ CLI_TINY = [
     "--eval-episodes",
     "4",
 ]
-
-
-def test_help_lists_every_flag_with_default(tmp_path):
-    text = help_text("skip_transformer", tmp_path)
-    assert "--env STR gymnax environment id, or CartPoleNoVel-v1" in text
-    assert "(default: CartPoleNoVel-v1)" in text and "(default: 0.4)" in text
 
 
 @pytest.mark.parametrize(
@@ -424,18 +415,15 @@ def test_cli_two_seeds_on_two_devices_writes_outputs_and_returns_by_depth(tmp_pa
         "on 2 cpu device(s)" in out.stdout
         and "greedy return by depth (blocks run): 1: " in out.stdout
     )
-    config = json.loads((out_dir / "config.json").read_text())
+    config, lines, summary = run_outputs(out_dir)
     assert (
         config["n_layers"] == 2 and config["env"] == "CartPoleNoVel-v1" and config["num_seeds"] == 2
     )
-    lines = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in lines] == list(range(1, 11))
+    assert len(lines) == 10 and summary["env_steps"] == 1280
     assert (
         all(1.0 <= r["skip/layers_run"] <= 2.0 for r in lines) and lines[-1]["skip/warmup"] == 0.0
     )
     assert "eval/return" in lines[4] and "eval/return" in lines[-1]
-    summary = json.loads((out_dir / "summary.json").read_text())
-    assert summary["env_steps"] == 1280 and np.isfinite(summary["sps"])
     by_depth = summary["eval_return_by_depth"]
     assert sorted(by_depth) == ["1", "2"]
     assert all(len(v) == 2 for v in summary["eval_return_by_depth_per_seed"].values())
