@@ -6,7 +6,8 @@ What a run writes in `--out-dir DIR`:
   `episode/*`, the algorithm's own keys, `eval/return` when evaluated).
 - `summary.json`: at the end: `eval_return` (mean greedy return over
   `--eval-episodes`, and per seed), `env_steps`, `wall_time_s`,
-  `compile_time_s`, `sps` (env steps per second after compilation, all seeds),
+  `compile_time_s` (tracing, lowering and compiling the programs, or loading them:
+  `programs_loaded`), `sps` (env steps per second after compilation, all seeds),
   `wall_sps`, `episode_return` with `episode_return_epoch` (the newest epoch in which
   training episodes ended).
 - `checkpoints/epoch_NNNNNN.npz`: the whole runner state (params, optimiser,
@@ -298,9 +299,11 @@ class Logger:
         except Exception as error:  # wandb must never stop training
             print(f"wandb disabled: {error}", file=sys.stderr)
 
-    def start(self, script: str, trainer, n_devices: int, compile_time: float) -> None:
-        """The run's first line: what trains, on what (`n_devices`: every host's), and where it
-        writes."""
+    def start(
+        self, script: str, trainer, n_devices: int, compile_time: float, loaded: bool = False
+    ) -> None:
+        """The run's first line: what trains, on what (`n_devices`: every host's), how long its
+        programs took (`loaded`: built by an earlier run, `executables`), and where it writes."""
         config, hosts, runs = self.config, jax.process_count(), sweep.n_runs(self.config)
         self.train_start, self.num_epochs = time.time(), trainer.num_epochs
         # every seed's and member's, as `sps` counts them
@@ -325,7 +328,11 @@ class Logger:
             f"{trainer.steps_per_epoch:,} steps x {config.num_seeds} seed(s)"
             + (f" x {runs // config.num_seeds} sweep members" if config.sweep else "")
             + f" on {where}; "
-            f"compiled in {compile_time:.1f} s; "
+            + (
+                f"programs of an earlier run loaded in {compile_time:.1f} s; "
+                if loaded
+                else f"compiled in {compile_time:.1f} s; "
+            )
             + (f"writing {self.run_dir}" if self.is_chief else "the chief writes"),
             flush=True,
         )

@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
-from common import checkpoints, cli, devices, envs, loop, outputs, sweep
+from common import checkpoints, cli, devices, envs, executables, loop, outputs, sweep
 
 # XLA options for programs that run once or rarely (init): a quicker compile.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
@@ -89,8 +89,12 @@ class Setup(NamedTuple):
     keys: Any  # what `trainer.init` maps over: [n_devices, runs]
     values: dict  # the hyperparameter values init and the epochs map over: [n_devices, runs] each
     eval_key: jax.Array
-    init: Any  # `trainer.init` lowered for `keys` and `values`
+    # `trainer.init` lowered for `keys` and `values`, or compiled where `stored` holds it
+    init: Any
     template: Any  # the runner state's shapes (this host's part)
+    stored_as: str | None  # the key of the run's programs in `executables` (None: not kept)
+    stored: dict | None  # the run's programs as an earlier run built them (None: a miss)
+    programs_s: float  # seconds spent on the programs here: loading them, or tracing init
 
 
 class Programs(NamedTuple):
@@ -142,7 +146,7 @@ def train(
         programs = compile_programs(setup)
         start_outputs(setup, start_epoch)
         state = state if state is not None else programs.init(setup.keys, setup.values)
-        compile_time = time.time() - t0
+        compile_time = setup.programs_s + time.time() - t0
         if config.eval_only:
             returns = programs.evaluate(state, start_epoch)
             return Result(
@@ -154,7 +158,13 @@ def train(
             )
 
         logger = outputs.Logger(config, setup.run_dir, setup.host.is_chief, wall_start)
-        logger.start(setup.script, setup.trainer, setup.host.n_devices * setup.hosts, compile_time)
+        logger.start(
+            setup.script,
+            setup.trainer,
+            setup.host.n_devices * setup.hosts,
+            compile_time,
+            loaded=setup.stored is not None,
+        )
         last_epoch = setup.trainer.num_epochs
         if max_epochs is not None:
             last_epoch = min(last_epoch, start_epoch + max_epochs)
@@ -190,8 +200,19 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
         host.n_devices,
         init_key,
     )
-    # traced once: its output shapes
-    init = sweep.lower_init(trainer, keys, values, config, host.n_devices)
+    # programs an earlier run built load whole; else init is traced once, here, for its output
+    # shapes
+    t0 = time.time()
+    stored_as = (
+        executables.key(config, make_trainer, host.n_devices) if config.compile_cache else None
+    )
+    stored = executables.load(stored_as)
+    init = (
+        stored["init"]
+        if stored
+        else sweep.lower_init(trainer, keys, values, config, host.n_devices)
+    )
+    programs_s = time.time() - t0
     check_memory(init.out_info, config, host.n_devices, trainer, hosts)
     return Setup(
         config=config,
@@ -205,6 +226,9 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
         eval_key=eval_key,
         init=init,
         template=init.out_info,
+        stored_as=stored_as,
+        stored=stored,
+        programs_s=programs_s,
     )
 
 
@@ -314,8 +338,48 @@ def start_outputs(setup: Setup, epoch: int) -> None:
 
 
 def compile_programs(setup: Setup) -> Programs:
-    """The run's programs. Init and evaluation compile on a second thread, while this one compiles
-    the epochs; init runs once, so it compiles unoptimised.
+    """The run's programs: those an earlier run built and `executables` kept, or compiled here (and
+    kept)."""
+    trainer, config, n_devices = setup.trainer, setup.config, setup.host.n_devices
+    k = loop.epochs_per_call(trainer.steps_per_epoch, trainer.num_epochs)
+    if setup.stored:
+        init, epochs, evaluate_runs = (setup.stored[name] for name in executables.PROGRAMS)
+        epochs = None if config.eval_only else epochs
+    else:
+        with executables.compiled_afresh(setup.stored_as):
+            init, epochs, evaluate_runs = build_programs(setup, k)
+        if epochs is not None:
+            executables.save(
+                setup.stored_as, dict(init=init, epochs=epochs, evaluate=evaluate_runs)
+            )
+    # jax 0.10 cannot run a pmap over hosts compiled ahead of time: it compiles at first call
+    if epochs is not None and setup.hosts == 1:
+        check_program_memory(
+            epochs,
+            n_devices,
+            f"an epoch of {config.num_envs} environments x {config.num_steps} "
+            f"steps x {sweep.n_runs(config)} runs",
+            "lower --num-envs or --num-steps",
+        )
+    check_program_memory(
+        evaluate_runs,
+        1,
+        f"the evaluation of --eval-episodes {config.eval_episodes} x {sweep.n_runs(config)} runs",
+        "lower --eval-episodes",
+    )
+
+    def evaluate(state, epoch):
+        return np.asarray(
+            evaluate_runs(first_device(trainer, state), jax.random.fold_in(setup.eval_key, epoch))
+        )
+
+    return Programs(init=init, epochs=epochs, evaluate=evaluate, k=k)
+
+
+def build_programs(setup: Setup, k: int) -> tuple:
+    """Compiles init, the epochs (`k` a call) and the greedy evaluation. Init and evaluation compile
+    on a second thread, while this one compiles the epochs; init runs once, so it compiles
+    unoptimised.
 
     Evaluation compiles optimized for image observations, where each step runs a conv torso that is
     many times slower unoptimized (on MinAtar the evaluations took as long as training), and
@@ -350,7 +414,6 @@ def compile_programs(setup: Setup) -> Programs:
 
     with ThreadPoolExecutor(1) as pool:
         side = pool.submit(compile_init_and_eval)
-        k = loop.epochs_per_call(trainer.steps_per_epoch, trainer.num_epochs)
         epochs = (
             None
             if config.eval_only
@@ -372,28 +435,8 @@ def compile_programs(setup: Setup) -> Programs:
                     f"steps per epoch"
                 ) from None
             epochs = lowered.compile()
-            check_program_memory(
-                epochs,
-                n_devices,
-                f"an epoch of {config.num_envs} environments x {config.num_steps} "
-                f"steps x {sweep.n_runs(config)} runs",
-                "lower --num-envs or --num-steps",
-            )
         init, evaluate_runs = side.result()
-        check_program_memory(
-            evaluate_runs,
-            1,
-            f"the evaluation of --eval-episodes {config.eval_episodes} x "
-            f"{sweep.n_runs(config)} runs",
-            "lower --eval-episodes",
-        )
-
-    def evaluate(state, epoch):
-        return np.asarray(
-            evaluate_runs(first_device(trainer, state), jax.random.fold_in(setup.eval_key, epoch))
-        )
-
-    return Programs(init=init, epochs=epochs, evaluate=evaluate, k=k)
+    return init, epochs, evaluate_runs
 
 
 def first_device(trainer: Trainer, state):
@@ -552,6 +595,7 @@ def summarize(
         "env_steps": epoch * steps_per_epoch,
         "wall_time_s": time.time() - wall_start,
         "compile_time_s": compile_time,
+        "programs_loaded": setup.stored is not None,
         "train_time_s": progress.train_time,
         "sps": (epoch - start_epoch)
         * steps_per_epoch

@@ -1,25 +1,28 @@
-"""JAX's persistent compilation cache never stands in for a different program, and serves a run that
-differs from an earlier one only in float flags, the inputs of its programs (`sweep.build`).
+"""Compiled programs kept between runs (`common.executables`, and JAX's persistent compilation cache
+for the rest) never stand in for a different program, and serve a run that differs from an earlier
+one only in float flags, the inputs of its programs (`sweep.build`).
 
 Runs one after another against ONE cache directory (`$XDG_CACHE_HOME`, as
-`run.enable_compile_cache` reads it), in subprocesses (this process runs
-without the cache, see conftest.py). The same flags again load every program
-from the cache and give the same metrics; a run that differs in a flag its
-programs hold as a constant (a static float, a boolean) adds its own entries
-and gives other metrics; one that differs only in input floats adds none,
-still gives other metrics, and ends with the parameters of a run without the
-cache, bit for bit. (Only skip_transformer's epoch program depends on
---skip-fraction: a second skip fraction loads init and evaluation from the
-cache and compiles less. Its metrics equal the first's while the skip warmup
-runs every block; see `skipping.steps_without_skipping`.)
+`run.enable_compile_cache` and `executables.directory` read it), in subprocesses.
+The same flags again load the run's programs whole and give the same metrics; a
+run that differs in a flag its programs hold as a constant (a static float, a
+boolean) stores programs of its own and gives other metrics; one that differs
+only in input floats loads the first run's programs, compiles nothing, still
+gives other metrics, and ends with the parameters of a run without the cache, bit
+for bit. A damaged entry is compiled again. The key and the store's bound are
+checked in this process.
 """
 
 import json
+import os
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from helpers import run_script
+
+from common import executables
 
 # 10 epochs of 4 gradient steps, blocks skippable from the 3rd: the depths drawn for --skip-fraction
 # 0.4 and 0.5 part in epoch 2 (layer 1 is skipped when its uniform draw u < skip_fraction / 2 after
@@ -33,16 +36,25 @@ PPO_TINY = (
     "--num-envs 4 --num-steps 16 --total-steps 256 --update-passes 2 --num-minibatches 2 "
     "--eval-every 0 --eval-episodes 2"
 ).split()
+LOADED = "programs of an earlier run loaded in"
 
 
-def run_metrics(cache: Path, out_dir: Path, *flags, script: str = "skip_transformer") -> list[dict]:
-    """metrics.jsonl of a run of `script` with `flags`, without `sps` (a timing)."""
+def run_metrics(
+    cache: Path, out_dir: Path, *flags, script: str = "skip_transformer"
+) -> tuple[list[dict], str]:
+    """metrics.jsonl of a run of `script` with `flags`, without `sps` (a timing), and its
+    stdout."""
     out = run_script(
         script, *flags, "--out-dir", out_dir, cwd=out_dir.parent, XDG_CACHE_HOME=str(cache)
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in line.items() if k != "sps"} for line in lines]
+    return [{k: v for k, v in line.items() if k != "sps"} for line in lines], out.stdout
+
+
+def stored(cache: Path) -> set:
+    """The names of the program store's entries."""
+    return {p.name for p in (cache / "jtrax" / "programs").glob("*.pkl")}
 
 
 def checkpoint(out_dir: Path) -> dict:
@@ -53,20 +65,22 @@ def checkpoint(out_dir: Path) -> dict:
 
 @pytest.mark.slow  # 4 runs: about 30 s on 2 cores
 def test_a_run_that_differs_in_input_floats_compiles_nothing(tmp_path):
-    """ppo_joint: --lr 1e-3, then --lr 3e-3 (and other input floats): no new cache entry, other
-    metrics; the parameters equal those of a --no-compile-cache run of the same flags, bit for
-    bit."""
+    """ppo_joint: --lr 1e-3, then --lr 3e-3 (and other input floats): the first run's programs,
+    nothing compiled, other metrics; the parameters equal those of a --no-compile-cache run of the
+    same flags, bit for bit."""
     cache = tmp_path / "cache"
-    entries = lambda: set((cache / "jtrax" / "jax").iterdir())  # noqa: E731
-    base = run_metrics(cache, tmp_path / "base", *PPO_TINY, "--lr", "1e-3", script="ppo_joint")
-    cached = entries()
+    jax_entries = lambda: set((cache / "jtrax" / "jax").iterdir())  # noqa: E731
+    base, out = run_metrics(cache, tmp_path / "base", *PPO_TINY, "--lr", "1e-3", script="ppo_joint")
+    assert LOADED not in out and len(stored(cache)) == 1
+    cached, programs = jax_entries(), stored(cache)
     for flags in (
         ["--lr", "3e-3"],
         ["--lr", "1e-3", "--gamma", "0.9", "--clip-eps", "0.1", "--max-grad-norm", "0.1"],
     ):
         name = "_".join(flags).replace("-", "")
-        other = run_metrics(cache, tmp_path / name, *PPO_TINY, *flags, script="ppo_joint")
-        assert entries() == cached, f"{flags}: compiled programs of its own"
+        other, out = run_metrics(cache, tmp_path / name, *PPO_TINY, *flags, script="ppo_joint")
+        assert LOADED in out and stored(cache) == programs, f"{flags}: programs of its own"
+        assert jax_entries() == cached, f"{flags}: compiled programs of its own"
         assert other[-1]["loss/joint"] != base[-1]["loss/joint"], (
             f"{flags}: the same metrics as --lr 1e-3"
         )
@@ -79,16 +93,21 @@ def test_a_run_that_differs_in_input_floats_compiles_nothing(tmp_path):
         np.testing.assert_array_equal(with_cache[k], without[k], err_msg=k)
 
 
-@pytest.mark.slow  # 5 runs: about 2 minutes on 2 loaded cores
-def test_runs_that_differ_in_one_flag_never_share_a_cache_entry(tmp_path):
+@pytest.mark.slow  # 6 runs: about 2 minutes on 2 loaded cores
+def test_runs_that_differ_in_one_flag_never_share_programs(tmp_path):
     cache = tmp_path / "cache"
-    entries = lambda: set((cache / "jtrax" / "jax").iterdir())  # noqa: E731
-    base = run_metrics(cache, tmp_path / "base", *TINY, "--skip-fraction", "0.4")
-    cached = entries()
-    assert cached, "the first run wrote nothing to the cache"
-    # the same programs...
-    assert run_metrics(cache, tmp_path / "again", *TINY, "--skip-fraction", "0.4") == base
-    assert entries() == cached  # ... loaded from the cache: nothing compiled anew
+    base, out = run_metrics(cache, tmp_path / "base", *TINY, "--skip-fraction", "0.4")
+    programs = stored(cache)
+    assert len(programs) == 1 and LOADED not in out, "the first run stored no programs"
+    # the same programs, loaded whole
+    again, out = run_metrics(cache, tmp_path / "again", *TINY, "--skip-fraction", "0.4")
+    assert again == base and LOADED in out and stored(cache) == programs
+    # a damaged entry: compiled again, the same metrics, the entry written anew
+    [entry] = (cache / "jtrax" / "programs").glob("*.pkl")
+    entry.write_bytes(entry.read_bytes()[:1000])
+    fixed, out = run_metrics(cache, tmp_path / "damaged", *TINY, "--skip-fraction", "0.4")
+    assert fixed == base and LOADED not in out and stored(cache) == programs
+    assert entry.stat().st_size > 1000
     for flags in (
         # a static float (one depth drawn for every run of the program)
         ["--skip-fraction", "0.5"],
@@ -97,9 +116,51 @@ def test_runs_that_differ_in_one_flag_never_share_a_cache_entry(tmp_path):
         # a boolean (a branch of the program)
         ["--skip-fraction", "0.4", "--normalize-advantages"],
     ):
-        other = run_metrics(cache, tmp_path / "_".join(flags).replace("-", ""), *TINY, *flags)
-        assert entries() > cached, f"{flags}: no program of its own in the cache"
-        cached = entries()
+        name = "_".join(flags).replace("-", "")
+        other, out = run_metrics(cache, tmp_path / name, *TINY, *flags)
+        assert LOADED not in out and stored(cache) > programs, f"{flags}: no programs of its own"
+        programs = stored(cache)
         assert [line["epoch"] for line in other] == [line["epoch"] for line in base]
         differ = [k for k in base[-1] if other[-1][k] != base[-1][k]]
         assert differ, f"{flags}: the same metrics as --skip-fraction 0.4"
+
+
+def test_the_key_holds_what_shapes_the_programs_and_not_the_input_floats():
+    from algos import ppo_joint
+
+    def key(**flags):
+        return executables.key(ppo_joint.Config(**flags), ppo_joint.make_trainer, 1)
+
+    base = key()
+    assert key(lr=1e-3, gamma=0.9, seed=3, out_dir="elsewhere", eval_every=7) == base
+    for flags in (
+        dict(max_grad_norm=0.0),  # a switch at 0
+        dict(normalize_advantages=True),
+        dict(num_seeds=2),
+        dict(hidden=(32, 32)),
+        dict(eval_episodes=4),
+        dict(sweep=("lr=1e-3,3e-3",)),
+    ):
+        assert key(**flags) != base, flags
+    assert executables.key(ppo_joint.Config(), ppo_joint.make_trainer, 2) is None  # pmap
+
+
+def test_the_store_keeps_the_newest_entries_within_its_bound(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compiled = jax.jit(lambda x: x + 1).lower(1.0).compile()
+    programs = dict.fromkeys(executables.PROGRAMS, compiled)
+    executables.save("first", programs)
+    size = (executables.directory() / "first.pkl").stat().st_size
+    monkeypatch.setattr(executables, "MAX_BYTES", 2 * size)
+    for age, name in enumerate(("second", "third")):
+        executables.save(name, programs)
+        os.utime(executables.directory() / f"{name}.pkl", (1e9 + age, 1e9 + age))
+    os.utime(executables.directory() / "first.pkl", (1e9 + 5, 1e9 + 5))  # used last
+    executables.save("fourth", programs)
+    assert sorted(p.stem for p in executables.directory().glob("*.pkl")) == ["first", "fourth"]
+    # a loaded entry runs as the compiled program did; an unreadable one is a miss, and goes
+    loaded = executables.load("fourth")
+    assert float(loaded["epochs"](1.0)) == 2.0
+    (executables.directory() / "first.pkl").write_bytes(b"not a program")
+    assert executables.load("first") is None and executables.load("absent") is None
+    assert not (executables.directory() / "first.pkl").exists()

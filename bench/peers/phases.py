@@ -10,8 +10,9 @@ script from its first line to its end). `programs` holds, per compiled
 function, what jax.monitoring reports: trace (Python to jaxpr), lower (jaxpr
 to MLIR) and compile (XLA, or a persistent-cache hit); programs compiled on
 two threads at once overlap in time. For our scripts (common.run is
-imported) also the wall time of `prepare`, `compile_programs`, every
-`evaluate` and `save_checkpoint` call. `t0` and `t_end` (time.time()) let a
+imported) also the wall time of `prepare` (and `prepare_programs`, its part spent
+on the programs: loading those an earlier run stored, or tracing init), `compile_programs`,
+every `evaluate` and `save_checkpoint` call. `t0` and `t_end` (time.time()) let a
 driver that timed the whole process find the interpreter's start-up.
 
 ppo.py runs both of its sides under it: ours in the project venv, the Rejax
@@ -83,6 +84,11 @@ def main() -> None:
     if "common.run" in sys.modules:
         run = sys.modules["common.run"]
         run.prepare = timed(phases, "prepare", run.prepare)
+        # prepare's share of the programs (summary.json's compile_time_s counts it): the stored
+        # programs' key and load, or init traced and lowered
+        run.executables.key = timed(phases, "prepare_programs", run.executables.key)
+        run.executables.load = timed(phases, "prepare_programs", run.executables.load)
+        run.sweep.lower_init = timed(phases, "prepare_programs", run.sweep.lower_init)
         run.save_checkpoint = timed(phases, "checkpoint", run.save_checkpoint)
         compile_programs = run.compile_programs
 

@@ -100,7 +100,7 @@ def run_ours(seed: int, scratch: Path, cold: bool, timeout: float) -> dict:
     split = {
         "prepare": raw["prepare"],
         "programs": raw["compile_programs"],
-        "init": s["compile_time_s"] - raw["compile_programs"],
+        "init": s["compile_time_s"] - raw["compile_programs"] - raw["prepare_programs"],
         "evaluate": raw.get("evaluate", 0.0),
         "checkpoint": raw.get("checkpoint", 0.0),
     }
