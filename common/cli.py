@@ -78,8 +78,8 @@ class RunConfig:
     wandb_project: str = "jtrax"
     """wandb project name"""
     compile_cache: bool = True
-    """keep compiled programs in JAX's persistent compilation cache (~/.cache/jtrax), so that a run
-    of the same programs starts sooner"""
+    """keep compiled programs in ~/.cache/jtrax (a run's whole programs, common/executables.py, and
+    JAX's persistent compilation cache), so that a run of the same programs starts sooner"""
     coordinator: str = ""
     """multi-host: HOST:PORT of process 0, JAX's coordinator (empty: $JTRAX_COORDINATOR; neither:
     one process)"""
