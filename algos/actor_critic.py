@@ -38,6 +38,9 @@ class Config(cli.TrainConfig):
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     STATIC_FLOATS = ()
     # cli.TrainConfig holds num_envs, num_steps, gamma, anneal_lr and max_grad_norm
+    num_steps: int = 0
+    """steps per environment per epoch (rollout length T; 0: 32 for a2c, whose one policy step per
+    rollout wants many rollouts; 128 for ppo)"""
     loss: Literal["a2c", "ppo"] = "a2c"
     """policy loss: a2c = -A log pi - c_ent H; ppo = clipped surrogate - c_ent H"""
     advantage: Literal["monte-carlo", "td-k", "td-lambda", "gae"] = "gae"
@@ -47,7 +50,7 @@ class Config(cli.TrainConfig):
     gae_lambda: float = 0.95
     """lambda of --advantage td-lambda and gae (the lambda-return's)"""
     policy_lr: float = 0.0
-    """policy Adam learning rate (0: 7e-3 for a2c, whose one step per epoch must go far; 2.5e-3 for
+    """policy Adam learning rate (0: 4e-3 for a2c, whose one step per epoch must go far; 2.5e-3 for
     ppo)"""
     value_lr: float = 2.5e-3
     """value Adam learning rate"""
@@ -91,6 +94,8 @@ class Config(cli.TrainConfig):
     rewards)"""
 
     def __post_init__(self):
+        if self.num_steps == 0:  # the --loss default, as config.json records it
+            object.__setattr__(self, "num_steps", {"a2c": 32, "ppo": 128}.get(self.loss, 128))
         super().__post_init__()
         for name in (
             "loss",
@@ -403,7 +408,7 @@ def make_trainer(config: Config) -> run.Trainer:
         return optax.chain(clip, optax.adam(lr, eps=1e-5))
 
     policy_lr = jnp.where(
-        config.policy_lr > 0, config.policy_lr, {"a2c": 7e-3, "ppo": 2.5e-3}[config.loss]
+        config.policy_lr > 0, config.policy_lr, {"a2c": 4e-3, "ppo": 2.5e-3}[config.loss]
     )
     policy_tx = optimizer(policy_lr, config.n_policy_steps)
     value_tx = optimizer(config.value_lr, config.value_steps)

@@ -356,15 +356,19 @@ def test_bad_config_is_rejected(overrides, match):
 
 
 def test_ppo_defaults_take_several_minibatch_steps_and_differ_from_a2c():
-    """With one policy step on the whole rollout the ratio is 1 and PPO's gradient is A2C's."""
-    assert (Config().n_policy_steps, Config().policy_batch) == (1, 1024)
+    """With one policy step on the whole rollout the ratio is 1 and PPO's gradient is A2C's. a2c
+    rolls out 32 steps an epoch, ppo 128."""
+    assert (Config().num_steps, Config(loss="ppo").num_steps) == (32, 128)
+    assert Config(num_steps=64).num_steps == 64
+    assert (Config().n_policy_steps, Config().policy_batch) == (1, 256)
     assert (Config(loss="ppo").n_policy_steps, Config(loss="ppo").policy_batch) == (16, 256)
     assert Config(loss="ppo", policy_steps=4, policy_batch_size=512).n_policy_steps == 4
     with pytest.raises(ValueError, match="--loss ppo --policy-steps 1 is A2C"):
         Config(loss="ppo", policy_steps=1)
     policies = {}
-    for loss in ("a2c", "ppo"):  # the defaults, apart from the loss: one epoch from the same state
-        trainer = make_trainer(Config(loss=loss, n_devices=1))
+    # the defaults, apart from the loss, and the rollout of ppo: one epoch from the same state
+    for loss in ("a2c", "ppo"):
+        trainer = make_trainer(Config(loss=loss, num_steps=128, n_devices=1))
         keys = devices.seed_keys(jax.random.PRNGKey(0), 1, 1)
         state = devices.map_init(trainer.init)(keys)
         state, _ = devices.map_epoch(trainer.epoch, 1)(state)

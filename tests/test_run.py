@@ -58,8 +58,10 @@ def test_every_script_takes_and_checks_the_shared_training_flags(script):
     assert issubclass(module.Config, cli.TrainConfig)
     with pytest.raises(cli.ConfigError, match=r"^--gamma 1.5: use a value in \[0, 1\]$"):
         module.Config(gamma=1.5)
+    with pytest.raises(cli.ConfigError, match="^--num-envs must be at least 1$"):
+        module.Config(num_envs=0)
     with pytest.raises(cli.ConfigError, match="^--num-steps must be at least 1$"):
-        module.Config(num_steps=0)
+        module.Config(num_steps=-1)
     with pytest.raises(cli.ConfigError, match="^--max-grad-norm -1.0: use 0 .off. or more$"):
         module.Config(max_grad_norm=-1.0)
 
