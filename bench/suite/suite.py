@@ -148,7 +148,7 @@ def random_return(task: str, episodes: int = 256) -> float:
 
 def eval_every(script: str, budget: int) -> int:
     """Epochs between evaluations: about a tenth of the budget, from the script's defaults."""
-    config = importlib.import_module(f"algos.{script}").Config
+    config = importlib.import_module(f"algos.{script}").Config()
     return max(1, budget // (10 * config.num_envs * config.num_steps))
 
 
