@@ -126,12 +126,14 @@ def load(name: str | None) -> dict | None:
             )
             for program in PROGRAMS
         }
-    except FileNotFoundError:
+    except OSError:  # none stored, or a store that cannot be read
         return None
     except Exception:  # a damaged or incompatible entry: compile instead
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
         return None
-    os.utime(path)  # used now: kept longest
+    with contextlib.suppress(OSError):  # used now: kept longest
+        os.utime(path)
     return programs
 
 
@@ -166,13 +168,21 @@ def save(name: str | None, programs: dict) -> None:
     except Exception:  # a program XLA cannot serialize: the run goes on without storing it
         return
     folder = directory()
-    folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{name}.{os.getpid()}.tmp"
-    tmp.write_bytes(blob)
-    os.replace(tmp, folder / f"{name}.pkl")
-    entries = sorted(folder.glob("*.pkl"), key=lambda p: p.stat().st_mtime, reverse=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(blob)
+        os.replace(tmp, folder / f"{name}.pkl")
+    except OSError:  # a full or read-only disk: the run goes on without storing
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return
+    entries = []
+    for entry in folder.glob("*.pkl"):
+        with contextlib.suppress(FileNotFoundError):  # another run may drop one meanwhile
+            entries.append((entry.stat().st_mtime, entry.stat().st_size, entry))
     total = 0
-    for entry in entries:
-        total += entry.stat().st_size
+    for _, size, entry in sorted(entries, key=lambda e: e[0], reverse=True):
+        total += size
         if total > MAX_BYTES:
             entry.unlink(missing_ok=True)

@@ -164,3 +164,8 @@ def test_the_store_keeps_the_newest_entries_within_its_bound(tmp_path, monkeypat
     (executables.directory() / "first.pkl").write_bytes(b"not a program")
     assert executables.load("first") is None and executables.load("absent") is None
     assert not (executables.directory() / "first.pkl").exists()
+    # a store that cannot be written (here its folder is a file): the run goes on without it
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    executables.save("fifth", programs)
+    assert executables.load("fifth") is None

@@ -537,7 +537,7 @@ def test_bad_values_are_refused_on_the_command_line(tmp_path, args, message):
         (
             "actor_critic",
             dict(advantage="td-k", td_k=200),
-            "--td-k 200 is longer than the rollout (--num-steps 128)",
+            "--td-k 200 is longer than the rollout (--num-steps 32)",
         ),
         ("skip_transformer", dict(vf_coef=-1.0), "--vf-coef -1.0: use 0 (off) or more"),
         ("ppo_joint", dict(num_envs=2**31), "--num-envs 2147483648: too large"),
