@@ -42,8 +42,8 @@ class Config(cli.TrainConfig):
     # Constants instead: a SWITCHES flag at 0 (its term left out) and the STATIC_FLOATS.
     SWITCHES = ("max_grad_norm",)  # 0: no clipping (a program without it)
     STATIC_FLOATS = ()
-    # cli.TrainConfig holds num_envs, num_steps, gamma, anneal_lr and max_grad_norm; these four and
-    # three run flags take other defaults here
+    # cli.TrainConfig holds num_envs, num_steps, gamma, anneal_lr and max_grad_norm; three of them
+    # and three run flags take other defaults here
     num_envs: int = 10
     num_steps: int = 10
     max_grad_norm: float = 1.0

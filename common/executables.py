@@ -35,26 +35,17 @@ from common import cli, sweep
 
 MAX_BYTES = 256 * 2**20
 PROGRAMS = ("init", "epochs", "evaluate")
-# flags that shape no program: where a run writes, how it is driven, when it evaluates or saves
+# flags that shape no program: those that steer an invocation (`cli.RUN_CONTROL`) but the
+# evaluation's episodes and the device count, and where a run writes and when it evaluates or saves
 # (the evaluation's and checkpoint's programs do not depend on the epoch they run at)
-NOT_IN_PROGRAMS = (
+NOT_IN_PROGRAMS = {
+    *cli.RUN_CONTROL,
     "seed",
     "out_dir",
-    "resume",
-    "overwrite",
-    "eval_only",
-    "track",
     "wandb_project",
-    "compile_cache",
-    "keep_checkpoints",
     "checkpoint_every",
     "eval_every",
-    "target_return",
-    "coordinator",
-    "num_processes",
-    "process_id",
-    "coordinator_timeout",
-)
+} - {"eval_episodes", "n_devices"}
 PACKAGES = ("jax", "jaxlib", "gymnax", "distrax", "optax", "chex", "numpy")
 
 
