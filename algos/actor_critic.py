@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from common import cli, devices, envs, nets, run
-from common.distributions import make_distribution
+from common.distributions import make_distribution, noise_correlation
 from common.metrics import residual_metrics
 
 
@@ -85,6 +85,10 @@ class Config(cli.TrainConfig):
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
+    noise_memory: float = 0.0025
+    """Box actions: how long each environment's exploration noise lasts, as a fraction of the
+    episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
+    independent noise every step; common/distributions.py)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged
     over devices, per seed, saved in checkpoints), clipped to +-10"""
@@ -132,7 +136,7 @@ class Config(cli.TrainConfig):
         cli.require(
             self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"
         )
-        cli.require_non_negative(self, "ent_coef")
+        cli.require_non_negative(self, "ent_coef", "noise_memory")
         cli.require(
             self.advantage != "td-k" or self.td_k <= self.num_steps,
             f"--td-k {self.td_k} is longer than the rollout (--num-steps {self.num_steps}); use at "
@@ -203,6 +207,7 @@ class RunnerState(NamedTuple):
     obs_stats: envs.ObsStats | None
     # the discounted returns' statistics; --no-normalize-reward: None
     reward_stats: envs.RewardStats | None
+    noise: jax.Array  # [B, action dims] each environment's exploration noise (Box actions)
     epoch: jax.Array  # [] epochs done: the run's progress is epoch / num_epochs
     key: jax.Array  # differs per device
 
@@ -382,6 +387,7 @@ def value_loss(params, batch: Batch, config: Config, value_scale: float):
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
+    correlation = noise_correlation(config.noise_memory, env_params.max_steps_in_episode)
     layout = devices.layout(config)
     for name, size in (
         ("policy_batch_size", config.policy_batch),
@@ -447,6 +453,7 @@ def make_trainer(config: Config) -> run.Trainer:
             obs=obs,
             episode_stats=envs.init_episode_stats(layout.envs_per_device),
             obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,
+            noise=dist.init_noise(run_key, layout.envs_per_device),
             epoch=jnp.int32(0),
             key=run_key,
             reward_stats=envs.init_reward_stats(obs.shape[0]) if config.normalize_reward else None,
@@ -462,7 +469,7 @@ def make_trainer(config: Config) -> run.Trainer:
             dist,
             config.activation,
         )
-        action = dist.sample(inputs, act_key)
+        action, noise = dist.sample_correlated(inputs, state.noise, act_key, correlation)
         obs, env_state, reward, terminated, truncated, info = step_envs(
             jax.random.split(step_key, layout.envs_per_device),
             state.env_state,
@@ -481,7 +488,9 @@ def make_trainer(config: Config) -> run.Trainer:
             greedy_action=dist.mode(inputs),
         )
         episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
-        state = state._replace(env_state=env_state, obs=obs, episode_stats=episode_stats, key=key)
+        state = state._replace(
+            env_state=env_state, obs=obs, episode_stats=episode_stats, noise=noise, key=key
+        )
         return state, transition
 
     def rollout(state: RunnerState) -> Rollout:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from common import cli, devices, envs, nets, run
-from common.distributions import make_distribution
+from common.distributions import make_distribution, noise_correlation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +87,10 @@ class Config(cli.TrainConfig):
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
+    noise_memory: float = 0.0025
+    """Box actions: how long each environment's exploration noise lasts, as a fraction of the
+    episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
+    independent noise every step; common/distributions.py)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (per seed, merged over devices,
     checkpointed)"""
@@ -134,7 +138,7 @@ class Config(cli.TrainConfig):
         cli.require(
             0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]"
         )
-        cli.require_non_negative(self, "ent_coef")
+        cli.require_non_negative(self, "ent_coef", "noise_memory")
         cli.require(
             self.value_steps >= 0,
             f"--value-steps {self.value_steps}: use 1 or more (0: by the critic)",
@@ -199,6 +203,7 @@ class RunnerState(NamedTuple):
     env_state: chex.ArrayTree  # [B] environments of this device
     obs: jax.Array  # [B, *obs_shape]
     episode_stats: envs.EpisodeStats
+    noise: jax.Array  # [B, action dims] each environment's exploration noise (Box actions)
     epoch: jax.Array  # [] epochs done: the run's progress is epoch / num_epochs
     key: jax.Array  # differs per device
     # --normalize-obs: what the networks normalize with; None (no arrays) if off
@@ -349,6 +354,7 @@ def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Confi
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
+    correlation = noise_correlation(config.noise_memory, env_params.max_steps_in_episode)
     layout = devices.layout(config)
     B, T, capacity, K = (
         layout.envs_per_device,
@@ -409,7 +415,7 @@ def make_trainer(config: Config) -> run.Trainer:
     def env_step(state: RunnerState, _):
         key, act_key, step_key = jax.random.split(state.key, 3)
         inputs = pi(state.policy, envs.normalize_obs(state.obs_stats, state.obs))
-        action = dist.sample(inputs, act_key)
+        action, noise = dist.sample_correlated(inputs, state.noise, act_key, correlation)
         obs, env_state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
             jax.random.split(step_key, B), state.env_state, dist.clip_action(action), env_params
         )
@@ -425,7 +431,9 @@ def make_trainer(config: Config) -> run.Trainer:
             next_inputs=inputs,
         )
         stats = envs.update_episode_stats(state.episode_stats, reward, done)
-        state = state._replace(env_state=env_state, obs=obs, episode_stats=stats, key=key)
+        state = state._replace(
+            env_state=env_state, obs=obs, episode_stats=stats, noise=noise, key=key
+        )
         return state, transition
 
     def init(key):
@@ -462,6 +470,7 @@ def make_trainer(config: Config) -> run.Trainer:
             env_state=env_state,
             obs=obs,
             episode_stats=envs.init_episode_stats(B),
+            noise=dist.init_noise(run_key, B),
             epoch=jnp.int32(0),
             key=run_key,
             obs_stats=envs.init_obs_stats(obs.shape[1:]) if config.normalize_obs else None,

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from common import cli, devices, envs, nets, run
-from common.distributions import make_distribution
+from common.distributions import make_distribution, noise_correlation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +55,10 @@ class Config(cli.TrainConfig):
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
+    noise_memory: float = 0.0025
+    """Box actions: how long each environment's exploration noise lasts, as a fraction of the
+    episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
+    independent noise every step; common/distributions.py)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged
     over devices, per seed, saved in checkpoints), clipped to +-10"""
@@ -70,6 +74,7 @@ class Config(cli.TrainConfig):
         cli.require(
             len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
         )
+        cli.require_non_negative(self, "noise_memory")
 
 
 # ----------------------------------------------------------------------------
@@ -101,6 +106,7 @@ class RunnerState(NamedTuple):
     obs_stats: envs.ObsStats | None
     # --normalize-reward: the discounted returns' statistics; off: None
     reward_stats: envs.RewardStats | None
+    noise: jax.Array  # [B, action dims] each environment's exploration noise (Box actions)
     epoch: jax.Array  # [] epochs done: the run's progress is epoch / num_epochs
     key: jax.Array  # differs per device
 
@@ -193,6 +199,7 @@ def make_trainer(config: Config) -> run.Trainer:
     batch_per_device = config.batch_size // layout.n_devices
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
+    correlation = noise_correlation(config.noise_memory, env_params.max_steps_in_episode)
     obs_shape = tuple(env.observation_space(env_params).shape)
     conv = nets.uses_conv(config.torso, obs_shape)
     n_updates = layout.num_epochs * config.update_steps
@@ -221,6 +228,7 @@ def make_trainer(config: Config) -> run.Trainer:
             reward_stats=envs.init_reward_stats(envs_per_device)
             if config.normalize_reward
             else None,
+            noise=dist.init_noise(run_key, envs_per_device),
             epoch=jnp.int32(0),
             key=run_key,
         )
@@ -237,7 +245,7 @@ def make_trainer(config: Config) -> run.Trainer:
                 dist,
                 config.activation,
             )
-            action = dist.sample(inputs, act_key)
+            action, noise = dist.sample_correlated(inputs, state.noise, act_key, correlation)
             obs, env_state, reward, terminated, truncated, _ = step_envs(
                 jax.random.split(step_key, envs_per_device),
                 state.env_state,
@@ -255,7 +263,7 @@ def make_trainer(config: Config) -> run.Trainer:
             )
             episode_stats = envs.update_episode_stats(state.episode_stats, reward, done)
             state = state._replace(
-                env_state=env_state, obs=obs, episode_stats=episode_stats, key=key
+                env_state=env_state, obs=obs, episode_stats=episode_stats, noise=noise, key=key
             )
             return state, transition
 

@@ -30,7 +30,7 @@ import numpy as np
 import optax
 
 from common import checkpoints, cli, devices, envs, outputs, run, skipping, sweep
-from common.distributions import make_distribution
+from common.distributions import make_distribution, noise_correlation
 from common.metrics import residual_metrics
 
 
@@ -81,6 +81,10 @@ class Config(cli.TrainConfig):
     """gradient steps over which skipping ramps up from none to skip_fraction"""
     eval_depth: int = 0
     """blocks run by the greedy evaluation (depth pruning; 0: all)"""
+    noise_memory: float = 0.0025
+    """Box actions: how long each environment's exploration noise lasts, as a fraction of the
+    episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
+    independent noise every step; common/distributions.py)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance, feature by feature (kept in the
     runner state, merged over devices, per seed, saved in checkpoints), clipped to +-10; empty
@@ -109,7 +113,7 @@ class Config(cli.TrainConfig):
         cli.require(
             self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"
         )
-        cli.require_non_negative(self, "vf_coef", "ent_coef")
+        cli.require_non_negative(self, "vf_coef", "ent_coef", "noise_memory")
         cli.require(
             self.d_model % self.n_heads == 0,
             f"--d-model {self.d_model} is not divisible by --n-heads {self.n_heads}; use a "
@@ -261,6 +265,7 @@ class RunnerState(NamedTuple):
     obs_stats: envs.ObsStats | None  # --normalize-obs: statistics of the observations (None: off)
     # the discounted returns' statistics; --no-normalize-reward: None
     reward_stats: envs.RewardStats | None
+    noise: jax.Array  # [B, action dims] each environment's exploration noise (Box actions)
     skip_step: jax.Array  # [] gradient steps so far: drives the skip warmup
     epoch: jax.Array  # [] epochs done: the run's progress is epoch / num_epochs
     depth_key: jax.Array  # the same on every device; seed 0's draws serve every seed
@@ -369,6 +374,7 @@ def make_trainer(config: Config) -> run.Trainer:
     )
     env = envs.ContextWindow(env, env_params, config.context_len)
     dist = make_distribution(env.action_space(env_params))
+    correlation = noise_correlation(config.noise_memory, limit)
     n_updates = layout.num_epochs * config.update_passes * config.num_minibatches
     lr = optax.linear_schedule(config.lr, 0.0, n_updates) if config.anneal_lr else config.lr
     clip = (
@@ -395,6 +401,7 @@ def make_trainer(config: Config) -> run.Trainer:
             episode_stats=envs.init_episode_stats(n_envs),
             obs_stats=envs.init_obs_stats((env.obs_dim,)) if config.normalize_obs else None,
             reward_stats=envs.init_reward_stats(n_envs) if config.normalize_reward else None,
+            noise=dist.init_noise(run_key, n_envs),
             skip_step=jnp.int32(0),
             depth_key=depth_key,
             epoch=jnp.int32(0),
@@ -409,7 +416,7 @@ def make_trainer(config: Config) -> run.Trainer:
         def env_step(state: RunnerState, _):
             key, act_key, step_key = jax.random.split(state.key, 3)
             inputs, value, _ = network(state.params, norm(state.obs), dist, config)
-            action = dist.sample(inputs, act_key)
+            action, noise = dist.sample_correlated(inputs, state.noise, act_key, correlation)
             obs, env_state, reward, terminated, truncated, info = jax.vmap(
                 env.step, (0, 0, 0, None)
             )(
@@ -431,7 +438,9 @@ def make_trainer(config: Config) -> run.Trainer:
                 done=done,
             )
             stats = envs.update_episode_stats(state.episode_stats, reward, done)
-            state = state._replace(env_state=env_state, obs=obs, episode_stats=stats, key=key)
+            state = state._replace(
+                env_state=env_state, obs=obs, episode_stats=stats, noise=noise, key=key
+            )
             return state, transition
 
         state = state._replace(episode_stats=envs.reset_epoch_stats(state.episode_stats))

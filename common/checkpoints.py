@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -163,22 +164,37 @@ RENAMED = {"body": "torso", "head": "value"}  # dqn_value's Q-network
 def _from_older_layout(template, saved_treedef: str, leaves: list, epoch: int) -> list | None:
     """The leaves of a checkpoint written by an older layout of the script's state, in the layout
     of `template`; None if `saved_treedef` is none of them. The older layouts: parameter keys
-    before `RENAMED`, and a runner state without its `epoch` counter (the counter starts at the
-    checkpoint's epoch). A tree structure names its NamedTuples but not their fields: a structure
-    that matches is then checked leaf by leaf, shapes and dtypes, as any checkpoint is."""
+    before `RENAMED`, and a runner state without some of the fields added since: its `epoch`
+    counter (it starts at the checkpoint's epoch) and its exploration `noise` (it starts at 0, as
+    a new run's does). A tree structure names its NamedTuples but not their fields: a structure
+    that matches, with each leaf's rank and dtype, is then checked leaf by leaf, shapes and dtypes,
+    as any checkpoint is."""
     renamed = jax.tree.structure(_renamed(template, {new: old for old, new in RENAMED.items()}))
     if str(renamed) == saved_treedef:
         return jax.tree.leaves(_renamed(jax.tree.unflatten(renamed, leaves), RENAMED))
     fields = getattr(template, "_fields", ())
-    if "epoch" in fields:
-        rest = [name for name in fields if name != "epoch"]
-        without = collections.namedtuple(type(template).__name__, rest)
-        older = jax.tree.structure(without(*(getattr(template, name) for name in rest)))
-        if str(older) == saved_treedef:
+    added = [name for name in ("epoch", "noise") if name in fields]
+    for n in range(1, len(added) + 1):
+        for missing in itertools.combinations(added, n):
+            rest = [name for name in fields if name not in missing]
+            without = collections.namedtuple(type(template).__name__, rest)
+            kept = without(*(getattr(template, name) for name in rest))
+            older = jax.tree.structure(kept)
+            # one missing leaf looks like another in the structure: their ranks and dtypes tell
+            if str(older) != saved_treedef or [(x.ndim, x.dtype) for x in leaves] != [
+                (x.ndim, x.dtype) for x in jax.tree.leaves(kept)
+            ]:
+                continue
             saved = jax.tree.unflatten(older, leaves)
             # [devices, runs] as the checkpoint holds them: `load` refuses another --n-devices
-            counter = np.full(saved.key.shape[: template.epoch.ndim], epoch, template.epoch.dtype)
-            return jax.tree.leaves(type(template)(**saved._asdict(), epoch=counter))
+            lead = saved.key.shape[: template.epoch.ndim]
+            fills = {}
+            if "epoch" in missing:
+                fills["epoch"] = np.full(lead, epoch, template.epoch.dtype)
+            if "noise" in missing:
+                shape = lead + template.noise.shape[len(lead) :]
+                fills["noise"] = np.zeros(shape, template.noise.dtype)
+            return jax.tree.leaves(type(template)(**saved._asdict(), **fills))
     return None
 
 

@@ -12,6 +12,15 @@ array a network emits for it (`n_inputs` numbers per state).
 
 Actions are sampled unclipped (log-probs use the sample itself); `clip_action`
 maps them into the box only when they are sent to the environment.
+
+Exploration noise that lasts (`sample_correlated`): a rollout keeps each
+environment's Gaussian noise `eps` from one step to the next as an AR(1)
+process, `eps_t = c eps_{t-1} + sqrt(1 - c^2) z_t` with `z_t ~ N(0, I)`. Every
+`eps_t` is still N(0, I), so each action has the policy's own distribution (its
+log-prob, and every loss, are unchanged), but one environment's successive
+actions lean the same way for about `-1 / log c` steps: a push long enough to
+move a system that white noise only jitters. `noise_correlation` sets `c` from
+the scripts' `--noise-memory`, a fraction of the episode's step limit.
 """
 
 from __future__ import annotations
@@ -58,6 +67,14 @@ class Categorical:
 
     def mode(self, inputs):
         return jnp.argmax(inputs, axis=-1)
+
+    def init_noise(self, key, n: int) -> jax.Array:
+        del key
+        return jnp.zeros((n, 0), jnp.float32)  # a categorical keeps no noise
+
+    def sample_correlated(self, inputs, noise, key, correlation):
+        del correlation
+        return self.sample(inputs, key), noise
 
     def clip_action(self, actions):
         return actions
@@ -116,8 +133,31 @@ class DiagonalGaussian:
     def mode(self, inputs):
         return self._shape(self._split(inputs)[0])
 
+    def init_noise(self, key, n: int) -> jax.Array:
+        """The noise of `n` environments before their first step: a draw of the process's
+        stationary law, N(0, I). It folds a key of its own from `key`, which the caller may go on
+        using (the rollout's keys stay as they are without the noise)."""
+        return jax.random.normal(jax.random.fold_in(key, 1), (n, self.d))
+
+    def sample_correlated(self, inputs, noise, key, correlation):
+        """`(actions, noise)`: actions of a batch of environments `[n, ...]`, each the mean plus the
+        std times its environment's noise, that noise moved one step along its AR(1) process
+        (module docstring). `correlation` 0 gives `sample`'s independent draws."""
+        fresh = jax.random.normal(key, noise.shape)
+        noise = correlation * noise + jnp.sqrt(1.0 - correlation**2) * fresh
+        mean, log_std = self._split(inputs)
+        return self._shape(mean + jnp.exp(log_std) * noise), noise
+
     def clip_action(self, actions):
         return jnp.clip(actions, self.low, self.high)
+
+
+def noise_correlation(noise_memory, max_steps: int):
+    """The step-to-step correlation `c` of exploration noise whose correlation time, `-1 / log c`
+    steps, is `noise_memory` times the episode's step limit (`noise_memory` 0: c = 0, white
+    noise)."""
+    steps = jnp.asarray(noise_memory, jnp.float32) * max_steps  # 0: 1 / 0 is inf, and c is 0
+    return jnp.exp(-1.0 / steps)
 
 
 def make_distribution(space, std: Std = "param"):

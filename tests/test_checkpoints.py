@@ -125,18 +125,22 @@ def test_a_checkpoint_written_before_a_key_was_renamed_loads_under_the_new_name(
     chex.assert_trees_all_equal(loaded, host(state))
 
 
-def test_a_checkpoint_written_before_the_epoch_counter_resumes_counting_from_its_epoch(
-    tmp_path, init_state
-):
-    """Runner states gained `epoch` (the epochs done): a checkpoint of a state without it (saved
-    from the same fields under a NamedTuple of the same name) loads with every other leaf in its
-    place and the counter at the checkpoint's epoch."""
+@pytest.mark.parametrize("missing", [("epoch",), ("noise",), ("epoch", "noise")])
+def test_a_checkpoint_written_before_a_field_was_added_resumes(tmp_path, init_state, missing):
+    """Runner states gained `epoch` (the epochs done) and `noise` (each environment's exploration
+    noise): a checkpoint of a state without them (saved from the other fields under a NamedTuple
+    of the same name) loads with every other leaf in its place, the counter at the checkpoint's
+    epoch and the noise at 0."""
     c, state = init_state
     template = jax.eval_shape(c.init, run_keys(0))
-    rest = [name for name in state._fields if name != "epoch"]
+    rest = [name for name in state._fields if name not in missing]
     older = collections.namedtuple(type(state).__name__, rest)(*(getattr(state, k) for k in rest))
     loaded, epoch = checkpoints.load(checkpoints.save(tmp_path, host(older), 7), template)
     assert epoch == 7
-    np.testing.assert_array_equal(loaded.epoch, np.full(template.epoch.shape, 7))
-    assert loaded.epoch.dtype == template.epoch.dtype
-    chex.assert_trees_all_equal(loaded._replace(epoch=None), host(state)._replace(epoch=None))
+    chex.assert_trees_all_equal_shapes_and_dtypes(loaded, template)
+    if "epoch" in missing:
+        np.testing.assert_array_equal(loaded.epoch, np.full(template.epoch.shape, 7))
+    if "noise" in missing:
+        np.testing.assert_array_equal(loaded.noise, np.zeros(template.noise.shape))
+    blank = dict.fromkeys(missing)
+    chex.assert_trees_all_equal(loaded._replace(**blank), host(state)._replace(**blank))

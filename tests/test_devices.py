@@ -236,10 +236,10 @@ def draws_in_order(key, shape, minval, maxval, *_, **__):
 
 
 def sampling_without_keys(make_distribution, *args, **kwargs):
-    """The distribution with a `sample` that is a smooth function of the inputs alone: a Gaussian's
-    mean plus 0.5 tanh(100 mean) standard deviations (off the mean by an amount that differs from
-    state to state, so that the gradients of the log-likelihood do not cancel out), a categorical's
-    mode."""
+    """The distribution with a `sample` (and a `sample_correlated`, its noise left as it is) that
+    is a smooth function of the inputs alone: a Gaussian's mean plus 0.5 tanh(100 mean) standard
+    deviations (off the mean by an amount that differs from state to state, so that the gradients of
+    the log-likelihood do not cancel out), a categorical's mode."""
     dist = make_distribution(*args, **kwargs)
 
     def sample(inputs, key, temperature=1.0):
@@ -249,6 +249,7 @@ def sampling_without_keys(make_distribution, *args, **kwargs):
         return dist._shape(mean + jnp.exp(log_std) * 0.5 * jnp.tanh(100.0 * mean))
 
     dist.sample = sample
+    dist.sample_correlated = lambda inputs, noise, key, correlation: (sample(inputs, key), noise)
     return dist
 
 

@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 from gymnax.environments import spaces
 
-from common.distributions import Categorical, DiagonalGaussian, make_distribution
+from common.distributions import (
+    Categorical,
+    DiagonalGaussian,
+    make_distribution,
+    noise_correlation,
+)
 from helpers import np_log_softmax
 
 N_MC = 200_000  # Monte-Carlo samples; tolerances below are ~5 standard errors
@@ -180,6 +185,58 @@ def test_gaussian_samples_and_mc_entropy(std):
     log_probs = np.asarray(dist.log_prob(inputs, samples), np.float64)
     closed = np_gaussian_entropy(LOG_STD[0])
     assert abs(-log_probs.mean() - closed) < 5 * log_probs.std() / np.sqrt(N_MC)
+
+
+def test_correlated_noise_keeps_the_policy_law_and_correlates_successive_actions():
+    """Every step's actions, over many environments, are N(mean, std) as the policy says (the
+    first step's too: the noise starts from its stationary law); one environment's noise at lags 1
+    and 3 is correlated by c and c^3; the two action dimensions are independent."""
+    dist = make_distribution(box((2,)))
+    n, steps, c = 50_000, 6, 0.7
+    inputs = jnp.broadcast_to(jnp.asarray(np.concatenate([MEAN[0], LOG_STD[0]])), (n, 4))
+    noise = dist.init_noise(jax.random.PRNGKey(0), n)
+    sigma = np.exp(LOG_STD[0])
+    noises = []
+    for t, key in enumerate(jax.random.split(jax.random.PRNGKey(1), steps)):
+        actions, noise = dist.sample_correlated(inputs, noise, key, c)
+        x = np.asarray(actions, np.float64)
+        np.testing.assert_allclose(x.mean(0), MEAN[0], atol=5 * sigma.max() / np.sqrt(n))
+        np.testing.assert_allclose(x.std(0), sigma, rtol=0.02, err_msg=f"step {t}")
+        np.testing.assert_allclose((x - MEAN[0]) / sigma, noise, rtol=1e-4, atol=1e-5)
+        noises.append(np.asarray(noise, np.float64))
+    for lag in (1, 3):
+        corr = np.mean(noises[0] * noises[lag], axis=0)
+        np.testing.assert_allclose(corr, c**lag, atol=5 / np.sqrt(n))
+    np.testing.assert_allclose(
+        np.mean(noises[-1][:, 0] * noises[-1][:, 1]), 0.0, atol=5 / np.sqrt(n)
+    )
+
+
+def test_uncorrelated_noise_is_sample_and_a_categorical_keeps_none():
+    """Correlation 0 draws what `sample` draws with the same key, bit for bit; a categorical
+    samples as `sample` does and its noise, [n, 0], passes through."""
+    gaussian = make_distribution(box((2,)))
+    inputs = jnp.asarray(np.concatenate([MEAN, LOG_STD], -1))
+    key = jax.random.PRNGKey(4)
+    noise = gaussian.init_noise(jax.random.PRNGKey(5), len(MEAN))
+    actions, _ = gaussian.sample_correlated(inputs, noise, key, noise_correlation(0.0, 200))
+    np.testing.assert_array_equal(actions, gaussian.sample(inputs, key))
+    cat = make_distribution(spaces.Discrete(3))
+    logits = jnp.log(jnp.asarray([[0.2, 0.3, 0.5]] * 4))
+    none = cat.init_noise(key, 4)
+    chex.assert_shape(none, (4, 0))
+    actions, kept = cat.sample_correlated(logits, none, key, 0.9)
+    np.testing.assert_array_equal(actions, cat.sample(logits, key))
+    assert kept is none
+
+
+def test_noise_correlation_lasts_a_fraction_of_the_episode():
+    """c = exp(-1 / (memory * limit)): the noise's correlation time -1 / log c is memory * limit
+    steps; memory 0 gives white noise."""
+    for memory, limit in [(0.0025, 999), (0.0025, 200), (0.01, 100)]:
+        c = float(noise_correlation(memory, limit))
+        np.testing.assert_allclose(-1 / math.log(c), memory * limit, rtol=1e-5)
+    assert float(noise_correlation(0.0, 999)) == 0.0
 
 
 def test_gaussian_temperature_and_mode():
