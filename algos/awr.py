@@ -87,7 +87,7 @@ class Config(cli.TrainConfig):
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
-    noise_memory: float = 0.0025
+    noise_memory: float = 0.002
     """Box actions: how long each environment's exploration noise lasts, as a fraction of the
     episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
     independent noise every step; common/distributions.py)"""

@@ -81,7 +81,7 @@ class Config(cli.TrainConfig):
     """gradient steps over which skipping ramps up from none to skip_fraction"""
     eval_depth: int = 0
     """blocks run by the greedy evaluation (depth pruning; 0: all)"""
-    noise_memory: float = 0.0025
+    noise_memory: float = 0.002
     """Box actions: how long each environment's exploration noise lasts, as a fraction of the
     episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
     independent noise every step; common/distributions.py)"""
