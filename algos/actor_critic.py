@@ -85,10 +85,11 @@ class Config(cli.TrainConfig):
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
-    noise_memory: float = 0.002
+    noise_memory: float = -1.0
     """Box actions: how long each environment's exploration noise lasts, as a fraction of the
     episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
-    independent noise every step; common/distributions.py)"""
+    independent noise every step; common/distributions.py; -1: 0.002 for ppo, 0 for a2c, whose
+    Pendulum-v1 it cost)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged
     over devices, per seed, saved in checkpoints), clipped to +-10"""
@@ -136,7 +137,12 @@ class Config(cli.TrainConfig):
         cli.require(
             self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"
         )
-        cli.require_non_negative(self, "ent_coef", "noise_memory")
+        cli.require_non_negative(self, "ent_coef")
+        cli.require(
+            self.noise_memory >= 0 or self.noise_memory == -1,
+            f"--noise-memory {self.noise_memory}: use 0 (independent noise) or more, or -1 (the "
+            "--loss default)",
+        )
         cli.require(
             self.advantage != "td-k" or self.td_k <= self.num_steps,
             f"--td-k {self.td_k} is longer than the rollout (--num-steps {self.num_steps}); use at "
@@ -387,7 +393,10 @@ def value_loss(params, batch: Batch, config: Config, value_scale: float):
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
-    correlation = noise_correlation(config.noise_memory, env_params.max_steps_in_episode)
+    noise_memory = jnp.where(
+        config.noise_memory >= 0, config.noise_memory, {"a2c": 0.0, "ppo": 0.002}[config.loss]
+    )
+    correlation = noise_correlation(noise_memory, env_params.max_steps_in_episode)
     layout = devices.layout(config)
     for name, size in (
         ("policy_batch_size", config.policy_batch),
