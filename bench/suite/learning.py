@@ -95,6 +95,9 @@ OTHER_TASKS = [  # script, its flags, task, budget, what every seed must reach
     # the headline command, K = 4 actions drawn from the recorded Gaussian: at 32 critic steps, 5 of
     # 8 seeds < -500
     ("awr", dict(q_value=True, n_samples=4), "Pendulum-v1", 300_000, -200.0),
+    # exploration noise that lasts (--noise-memory): with independent noise, 0 on almost every seed
+    ("awr", {}, "MountainCarContinuous-v0", 300_000, 90.0),
+    ("awr", dict(q_value=True, n_samples=4), "MountainCarContinuous-v0", 300_000, 90.0),
     # a2c's one policy step per epoch must go far: at --policy-lr 2.5e-3 (128-step rollouts), 0.44
     # to 1
     (
