@@ -93,36 +93,43 @@ def test_a_run_that_differs_in_input_floats_compiles_nothing(tmp_path):
         np.testing.assert_array_equal(with_cache[k], without[k], err_msg=k)
 
 
-@pytest.mark.slow  # 6 runs: about 2 minutes on 2 loaded cores
+@pytest.mark.slow  # 7 runs: about a minute on 2 cores
 def test_runs_that_differ_in_one_flag_never_share_programs(tmp_path):
     cache = tmp_path / "cache"
-    base, out = run_metrics(cache, tmp_path / "base", *TINY, "--skip-fraction", "0.4")
+    base, out = run_metrics(cache, tmp_path / "base", *PPO_TINY, script="ppo_joint")
     programs = stored(cache)
     assert len(programs) == 1 and LOADED not in out, "the first run stored no programs"
     # the same programs, loaded whole
-    again, out = run_metrics(cache, tmp_path / "again", *TINY, "--skip-fraction", "0.4")
+    again, out = run_metrics(cache, tmp_path / "again", *PPO_TINY, script="ppo_joint")
     assert again == base and LOADED in out and stored(cache) == programs
     # a damaged entry: compiled again, the same metrics, the entry written anew
     [entry] = (cache / "jtrax" / "programs").glob("*.pkl")
     entry.write_bytes(entry.read_bytes()[:1000])
-    fixed, out = run_metrics(cache, tmp_path / "damaged", *TINY, "--skip-fraction", "0.4")
+    fixed, out = run_metrics(cache, tmp_path / "damaged", *PPO_TINY, script="ppo_joint")
     assert fixed == base and LOADED not in out and stored(cache) == programs
     assert entry.stat().st_size > 1000
     for flags in (
-        # a static float (one depth drawn for every run of the program)
-        ["--skip-fraction", "0.5"],
-        # a switch at 0: a program without clipping
-        ["--skip-fraction", "0.4", "--max-grad-norm", "0"],
-        # a boolean (a branch of the program)
-        ["--skip-fraction", "0.4", "--normalize-advantages"],
+        ["--max-grad-norm", "0"],  # a switch at 0: a program without clipping
+        ["--normalize-advantages"],  # a boolean (a branch of the program)
     ):
         name = "_".join(flags).replace("-", "")
-        other, out = run_metrics(cache, tmp_path / name, *TINY, *flags)
+        other, out = run_metrics(cache, tmp_path / name, *PPO_TINY, *flags, script="ppo_joint")
         assert LOADED not in out and stored(cache) > programs, f"{flags}: no programs of its own"
         programs = stored(cache)
-        assert [line["epoch"] for line in other] == [line["epoch"] for line in base]
         differ = [k for k in base[-1] if other[-1][k] != base[-1][k]]
-        assert differ, f"{flags}: the same metrics as --skip-fraction 0.4"
+        assert differ, f"{flags}: the same metrics as the defaults"
+    # a static float (skip_transformer's --skip-fraction, the only one): one depth drawn for every
+    # run of the program, so each value stores programs of its own
+    runs = {}
+    for fraction in ("0.4", "0.5"):
+        runs[fraction], out = run_metrics(
+            cache, tmp_path / fraction, *TINY, "--skip-fraction", fraction
+        )
+        assert LOADED not in out and stored(cache) > programs, f"{fraction}: no programs of its own"
+        programs = stored(cache)
+    assert [line["epoch"] for line in runs["0.4"]] == [line["epoch"] for line in runs["0.5"]]
+    differ = [k for k in runs["0.4"][-1] if runs["0.5"][-1][k] != runs["0.4"][-1][k]]
+    assert differ, "--skip-fraction 0.5: the same metrics as 0.4"
 
 
 def test_the_key_holds_what_shapes_the_programs_and_not_the_input_floats():
