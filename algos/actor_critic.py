@@ -85,11 +85,14 @@ class Config(cli.TrainConfig):
     """hidden activation"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
-    noise_memory: float = -1.0
+    noise_memory: float = 0.002
     """Box actions: how long each environment's exploration noise lasts, as a fraction of the
     episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
-    independent noise every step; common/distributions.py; -1: 0.002 for ppo, 0 for a2c, whose
-    Pendulum-v1 it cost)"""
+    independent noise every step; common/distributions.py)"""
+    box_coef: float = 1.0
+    """Box actions: weight of the penalty on the policy's mean outside the action box, the squared
+    distance outside it in half-widths of the box (common/distributions.py): past a bound the
+    clipped action no longer moves with the mean, and nothing else pulls it back (0: no penalty)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged
     over devices, per seed, saved in checkpoints), clipped to +-10"""
@@ -137,12 +140,7 @@ class Config(cli.TrainConfig):
         cli.require(
             self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"
         )
-        cli.require_non_negative(self, "ent_coef")
-        cli.require(
-            self.noise_memory >= 0 or self.noise_memory == -1,
-            f"--noise-memory {self.noise_memory}: use 0 (independent noise) or more, or -1 (the "
-            "--loss default)",
-        )
+        cli.require_non_negative(self, "ent_coef", "noise_memory", "box_coef")
         cli.require(
             self.advantage != "td-k" or self.td_k <= self.num_steps,
             f"--td-k {self.td_k} is longer than the rollout (--num-steps {self.num_steps}); use at "
@@ -351,7 +349,8 @@ def clipped_surrogate(log_prob, old_log_prob, advantage, clip_eps: float):
 
 
 def policy_loss(params, batch: Batch, dist, config: Config):
-    """a2c: -mean(A log pi); ppo: `clipped_surrogate`; minus c_ent * mean(H)."""
+    """a2c: -mean(A log pi); ppo: `clipped_surrogate`; minus c_ent * mean(H), plus c_box * the mean
+    outside the box."""
     chex.assert_rank(batch.advantage, 1)
     inputs = jax.vmap(policy_network, (None, 0, None, None))(
         params, batch.obs, dist, config.activation
@@ -369,14 +368,16 @@ def policy_loss(params, batch: Batch, dist, config: Config):
     else:
         surrogate, metrics = clipped_surrogate(log_prob, batch.log_prob, advantage, config.clip_eps)
     entropy = jnp.mean(dist.entropy(inputs))
+    outside_box = jnp.mean(dist.outside_box(inputs))
     metrics.update(
         {
             "loss/policy": surrogate,
             "policy/entropy": entropy,
             "policy/log_prob_mean": jnp.mean(log_prob),
+            "policy/outside_box": outside_box,
         }
     )
-    return surrogate - config.ent_coef * entropy, metrics
+    return surrogate - config.ent_coef * entropy + config.box_coef * outside_box, metrics
 
 
 def value_loss(params, batch: Batch, config: Config, value_scale: float):
@@ -393,10 +394,7 @@ def value_loss(params, batch: Batch, config: Config, value_scale: float):
 def make_trainer(config: Config) -> run.Trainer:
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
-    noise_memory = jnp.where(
-        config.noise_memory >= 0, config.noise_memory, {"a2c": 0.0, "ppo": 0.002}[config.loss]
-    )
-    correlation = noise_correlation(noise_memory, env_params.max_steps_in_episode)
+    correlation = noise_correlation(config.noise_memory, env_params.max_steps_in_episode)
     layout = devices.layout(config)
     for name, size in (
         ("policy_batch_size", config.policy_batch),

@@ -91,6 +91,10 @@ class Config(cli.TrainConfig):
     """Box actions: how long each environment's exploration noise lasts, as a fraction of the
     episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
     independent noise every step; common/distributions.py)"""
+    box_coef: float = 1.0
+    """Box actions: weight of the penalty on the policy's mean outside the action box, the squared
+    distance outside it in half-widths of the box (common/distributions.py): past a bound the
+    clipped action no longer moves with the mean, and nothing else pulls it back (0: no penalty)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (per seed, merged over devices,
     checkpointed)"""
@@ -138,7 +142,7 @@ class Config(cli.TrainConfig):
         cli.require(
             0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]"
         )
-        cli.require_non_negative(self, "ent_coef", "noise_memory")
+        cli.require_non_negative(self, "ent_coef", "noise_memory", "box_coef")
         cli.require(
             self.value_steps >= 0,
             f"--value-steps {self.value_steps}: use 1 or more (0: by the critic)",
@@ -334,7 +338,8 @@ def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Confi
     """-mean_s [sum_k w_k log pi(a_k|s) m_k / sum_k m_k] over `[N, K]` weights and mask.
 
     m_k = mask_k (1, or mu(a_k|s) when every action is enumerated), times
-    rho_k = exp(stopgrad(log pi(a_k|s)) - log mu(a_k|s)) with --reweight.
+    rho_k = exp(stopgrad(log pi(a_k|s)) - log mu(a_k|s)) with --reweight. Minus c_ent * entropy,
+    plus c_box * the mean outside the box.
     """
     chex.assert_equal_shape([weights, mask, log_mu])
     inputs = jax.vmap(policy_net, (None, 0, None, None))(params, obs, dist, config.activation)
@@ -343,11 +348,13 @@ def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Confi
         mask = mask * jnp.exp(jax.lax.stop_gradient(log_pi) - log_mu)
     entropy = jnp.mean(dist.entropy(inputs))
     weighted = jnp.sum(weights * mask * log_pi, axis=1) / jnp.sum(mask, axis=1)
-    loss = -jnp.mean(weighted) - config.ent_coef * entropy
+    outside_box = jnp.mean(dist.outside_box(inputs))
+    loss = -jnp.mean(weighted) - config.ent_coef * entropy + config.box_coef * outside_box
     return loss, {
         "loss/policy": loss,
         "policy/entropy": entropy,
         "policy/log_prob_mean": jnp.mean(log_pi),
+        "policy/outside_box": outside_box,
     }
 
 

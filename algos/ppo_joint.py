@@ -66,6 +66,10 @@ class Config(cli.TrainConfig):
     """Box actions: how long each environment's exploration noise lasts, as a fraction of the
     episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
     independent noise every step; common/distributions.py)"""
+    box_coef: float = 1.0
+    """Box actions: weight of the penalty on the policy's mean outside the action box, the squared
+    distance outside it in half-widths of the box (common/distributions.py): past a bound the
+    clipped action no longer moves with the mean, and nothing else pulls it back (0: no penalty)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged
     over devices, per seed, saved in checkpoints), clipped to +-10"""
@@ -85,7 +89,7 @@ class Config(cli.TrainConfig):
         cli.require(
             self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"
         )
-        cli.require_non_negative(self, "vf_coef", "ent_coef", "noise_memory")
+        cli.require_non_negative(self, "vf_coef", "ent_coef", "noise_memory", "box_coef")
         cli.require(
             len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
         )
@@ -206,7 +210,8 @@ def clipped_surrogate(log_prob, old_log_prob, advantage, clip_eps: float):
 
 
 def ppo_loss(params, batch: Batch, dist, config: Config):
-    """Clipped surrogate + c_v * value L2 - c_ent * entropy, and its diagnostics."""
+    """Clipped surrogate + c_v * value L2 - c_ent * entropy + c_box * mean outside the box, and its
+    diagnostics."""
     inputs, values = jax.vmap(network, (None, 0, None, None))(
         params, batch.obs, dist, config.activation
     )
@@ -217,13 +222,20 @@ def ppo_loss(params, batch: Batch, dist, config: Config):
     policy_loss, metrics = clipped_surrogate(log_prob, batch.log_prob, advantage, config.clip_eps)
     value_loss = jnp.mean((values - batch.target) ** 2)
     entropy = jnp.mean(dist.entropy(inputs))
-    loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
+    outside_box = jnp.mean(dist.outside_box(inputs))
+    loss = (
+        policy_loss
+        + config.vf_coef * value_loss
+        - config.ent_coef * entropy
+        + config.box_coef * outside_box
+    )
     return loss, {
         "loss/joint": loss,
         "loss/policy": policy_loss,
         "loss/value": value_loss,
         "policy/entropy": entropy,
         "policy/log_prob_mean": jnp.mean(log_prob),
+        "policy/outside_box": outside_box,
         **metrics,
     }
 

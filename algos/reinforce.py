@@ -59,6 +59,10 @@ class Config(cli.TrainConfig):
     """Box actions: how long each environment's exploration noise lasts, as a fraction of the
     episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
     independent noise every step; common/distributions.py)"""
+    box_coef: float = 1.0
+    """Box actions: weight of the penalty on the policy's mean outside the action box, the squared
+    distance outside it in half-widths of the box (common/distributions.py): past a bound the
+    clipped action no longer moves with the mean, and nothing else pulls it back (0: no penalty)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged
     over devices, per seed, saved in checkpoints), clipped to +-10"""
@@ -74,7 +78,7 @@ class Config(cli.TrainConfig):
         cli.require(
             len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
         )
-        cli.require_non_negative(self, "noise_memory")
+        cli.require_non_negative(self, "noise_memory", "box_coef")
 
 
 # ----------------------------------------------------------------------------
@@ -169,15 +173,17 @@ def returns_weights(returns, baseline: bool):
     return (returns - return_mean if baseline else returns), return_mean
 
 
-def reinforce_loss(params, batch: Batch, dist, activation: str):
-    """-mean((G - b) log pi(a | s)), and its diagnostics."""
+def reinforce_loss(params, batch: Batch, dist, config: Config):
+    """-mean((G - b) log pi(a | s)) + c_box * the mean outside the box, and its diagnostics."""
     chex.assert_rank(batch.weight, 1)
-    inputs = jax.vmap(network, (None, 0, None, None))(params, batch.obs, dist, activation)
+    inputs = jax.vmap(network, (None, 0, None, None))(params, batch.obs, dist, config.activation)
     log_prob = dist.log_prob(inputs, batch.action)
     loss = -jnp.mean(batch.weight * log_prob)
+    outside_box = jnp.mean(dist.outside_box(inputs))
     log_ratio = log_prob - batch.log_prob
-    return loss, {
+    return loss + config.box_coef * outside_box, {
         "loss/policy": loss,
+        "policy/outside_box": outside_box,
         "policy/entropy": jnp.mean(dist.entropy(inputs)),
         "policy/log_prob_mean": jnp.mean(log_prob),
         # k3 estimator of KL(old || new): nonzero only from the second Adam step of an epoch on
@@ -307,7 +313,7 @@ def make_trainer(config: Config) -> run.Trainer:
             rows = jax.random.permutation(key, layout.rollout_size)[:batch_per_device]
             minibatch = jax.tree.map(lambda x: x[rows], batch)
             grads, metrics = jax.grad(reinforce_loss, has_aux=True)(
-                state.params, minibatch, dist, config.activation
+                state.params, minibatch, dist, config
             )
             grads = jax.lax.pmean(grads, devices.DEVICE_AXIS)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)

@@ -85,6 +85,10 @@ class Config(cli.TrainConfig):
     """Box actions: how long each environment's exploration noise lasts, as a fraction of the
     episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
     independent noise every step; common/distributions.py)"""
+    box_coef: float = 1.0
+    """Box actions: weight of the penalty on the policy's mean outside the action box, the squared
+    distance outside it in half-widths of the box (common/distributions.py): past a bound the
+    clipped action no longer moves with the mean, and nothing else pulls it back (0: no penalty)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance, feature by feature (kept in the
     runner state, merged over devices, per seed, saved in checkpoints), clipped to +-10; empty
@@ -113,7 +117,7 @@ class Config(cli.TrainConfig):
         cli.require(
             self.clip_eps > 0, f"--clip-eps {self.clip_eps}: use a positive value, e.g. 0.2"
         )
-        cli.require_non_negative(self, "vf_coef", "ent_coef", "noise_memory")
+        cli.require_non_negative(self, "vf_coef", "ent_coef", "noise_memory", "box_coef")
         cli.require(
             self.d_model % self.n_heads == 0,
             f"--d-model {self.d_model} is not divisible by --n-heads {self.n_heads}; use a "
@@ -325,8 +329,8 @@ def gae(rewards, values, next_values, terminated, dones, gamma: float, lam: floa
 
 
 def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
-    """Clipped surrogate + c_v * value L2 - c_ent * entropy on a random depth; aux (metrics, step +
-    1)."""
+    """Clipped surrogate + c_v * value L2 - c_ent * entropy + c_box * mean outside the box, on a
+    random depth; aux (metrics, step + 1)."""
     chex.assert_rank(batch.obs, 3)
     inputs, values, step = network(params, batch.obs, dist, config, "train", step, rng)
     log_prob = dist.log_prob(inputs, batch.action)
@@ -340,7 +344,13 @@ def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
     policy_loss = -jnp.mean(jnp.minimum(ratio * advantage, clipped * advantage))
     value_loss = jnp.mean((values - batch.target) ** 2)
     entropy = jnp.mean(dist.entropy(inputs))
-    loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
+    outside_box = jnp.mean(dist.outside_box(inputs))
+    loss = (
+        policy_loss
+        + config.vf_coef * value_loss
+        - config.ent_coef * entropy
+        + config.box_coef * outside_box
+    )
     return loss, (
         {
             "loss/joint": loss,
@@ -348,6 +358,7 @@ def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
             "loss/value": value_loss,
             "policy/entropy": entropy,
             "policy/log_prob_mean": jnp.mean(log_prob),
+            "policy/outside_box": outside_box,
             "ppo/approx_kl": jnp.mean((ratio - 1) - log_ratio),  # k3 estimator of KL(old || new)
             "ppo/clip_fraction": jnp.mean(jnp.abs(ratio - 1) > config.clip_eps),
         },

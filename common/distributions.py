@@ -21,6 +21,13 @@ log-prob, and every loss, are unchanged), but one environment's successive
 actions lean the same way for about `-1 / log c` steps: a push long enough to
 move a system that white noise only jitters. `noise_correlation` sets `c` from
 the scripts' `--noise-memory`, a fraction of the episode's step limit.
+
+The mean held in the box (`outside_box`): once a Gaussian's mean is past a
+bound of the action box, the clipped action no longer moves with it, and the
+policy gradient, taken on the unclipped sample, lets it drift on. The scripts
+add `--box-coef` times `outside_box`, the squared distance of the mean outside
+the box in half-widths of the box, to the policy's loss: zero inside the box,
+a pull back from outside it.
 """
 
 from __future__ import annotations
@@ -78,6 +85,9 @@ class Categorical:
 
     def clip_action(self, actions):
         return actions
+
+    def outside_box(self, inputs):
+        return jnp.zeros(inputs.shape[:-1])  # a categorical has no box
 
 
 class DiagonalGaussian:
@@ -150,6 +160,17 @@ class DiagonalGaussian:
 
     def clip_action(self, actions):
         return jnp.clip(actions, self.low, self.high)
+
+    def outside_box(self, inputs):
+        """`[...]`: sum_i (distance of mean_i outside [low_i, high_i] / the half-width)^2; 0 for a
+        mean inside the box, and for an unbounded dimension."""
+        mean, _ = self._split(inputs)
+        low, high = (
+            jnp.broadcast_to(jnp.asarray(bound, jnp.float32), self.action_shape).reshape(self.d)
+            for bound in (self.low, self.high)
+        )
+        outside = jax.nn.relu(mean - high) + jax.nn.relu(low - mean)
+        return jnp.sum((outside / ((high - low) / 2)) ** 2, axis=-1)
 
 
 def noise_correlation(noise_memory, max_steps: int):

@@ -216,6 +216,7 @@ def np_ppo_loss(logits, values, batch, config) -> dict:
         "loss/value": value_loss,
         "policy/entropy": entropy,
         "policy/log_prob_mean": log_prob.mean(),
+        "policy/outside_box": 0.0,  # a categorical has no box
         "ppo/approx_kl": np.mean(ratio - 1 - np.log(ratio)),
         "ppo/clip_fraction": np.mean(np.abs(ratio - 1) > eps),
     }
@@ -252,6 +253,7 @@ PPO_LOSS_KEYS = (
     "loss/value",
     "policy/entropy",
     "policy/log_prob_mean",
+    "policy/outside_box",
     "ppo/approx_kl",
     "ppo/clip_fraction",
     "optim/grad_norm",

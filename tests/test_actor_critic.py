@@ -103,6 +103,7 @@ def test_policy_loss_matches_numpy(loss, normalize):
         "loss/policy": surrogate,
         "policy/entropy": entropy,
         "policy/log_prob_mean": log_prob.mean(),
+        "policy/outside_box": 0.0,  # a categorical has no box
         f"{loss}/approx_kl": np.mean(ratio - 1 - np.log(ratio)),
     }
     if loss == "ppo":
@@ -170,6 +171,7 @@ KEYS = (
     "loss/value",
     "policy/entropy",
     "policy/log_prob_mean",
+    "policy/outside_box",
     "policy/preferred_move",
     "ppo/approx_kl",
     "ppo/clip_fraction",

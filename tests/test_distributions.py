@@ -272,6 +272,85 @@ def test_gaussian_clip_action_only_clips():
     )
 
 
+def test_outside_box_is_the_squared_distance_outside_in_half_widths():
+    dist = make_distribution(
+        spaces.Box(low=jnp.array([-2.0, 0.0]), high=jnp.array([2.0, 1.0]), shape=(2,))
+    )
+    means = jnp.array([[0.0, 0.5], [3.0, 0.5], [-2.0, 1.0], [-4.0, 2.0]])
+    inputs = jnp.concatenate([means, jnp.full((4, 2), 0.3)], axis=-1)
+    # half-widths 2 and 0.5: (1 / 2)^2; on the bounds 0; (2 / 2)^2 + (1 / 0.5)^2
+    np.testing.assert_allclose(dist.outside_box(inputs), [0.0, 0.25, 0.0, 5.0], rtol=1e-6)
+    # its gradient (descended) moves a mean outside back towards the box, and is 0 inside it
+    grad = jax.grad(lambda x: jnp.sum(dist.outside_box(x)))(inputs)
+    np.testing.assert_allclose(grad[:, :2], [[0, 0], [0.5, 0], [0, 0], [-1.0, 8.0]], rtol=1e-6)
+    np.testing.assert_array_equal(grad[:, 2:], 0.0)  # the std is not penalized
+    # an unbounded dimension is never outside; a categorical has no box
+    free = make_distribution(
+        spaces.Box(low=jnp.array([-1.0, -jnp.inf]), high=jnp.array([1.0, jnp.inf]), shape=(2,))
+    )
+    np.testing.assert_allclose(free.outside_box(jnp.array([[2.0, 1e9, 0.0, 0.0]])), [1.0])
+    np.testing.assert_array_equal(Categorical(3).outside_box(jnp.ones((5, 3))), np.zeros(5))
+
+
+def box_penalty_loss(name: str, box_coef: float):
+    """`(loss, metrics)` of script `name`'s policy loss on Pendulum's box [-2, 2], its network
+    patched to emit the batch's observations as the distribution inputs: 8 states whose mean is 3,
+    outside the box by half a half-width (outside_box 0.25)."""
+    import importlib
+    from unittest import mock
+
+    module = importlib.import_module(f"algos.{name}")
+    dist = make_distribution(spaces.Box(low=-2.0, high=2.0, shape=(1,)))
+    n = 8
+    inputs = jnp.tile(jnp.array([[3.0, -0.5]]), (n, 1))
+    action, zeros = jnp.full((n, 1), 2.5), jnp.zeros(n)
+    config = module.Config(box_coef=box_coef)
+    if name == "awr":
+        net = {"policy_net": lambda params, obs, *_: obs}
+        args = (inputs, action[:, None], jnp.ones((n, 1)), jnp.ones((n, 1)), jnp.zeros((n, 1)))
+    else:
+        batch_type = module.Batch
+        fields = dict(obs=inputs, action=action, log_prob=zeros, advantage=zeros, target=zeros)
+        if name == "reinforce":
+            fields = dict(obs=inputs, action=action, log_prob=zeros, weight=zeros)
+        args = (batch_type(**fields),)
+        net = {
+            "ppo_joint": {"network": lambda params, obs, *_: (obs, obs[0])},
+            "skip_transformer": {
+                "network": lambda params, windows, dist, config, mode, step, rng: (
+                    windows[:, -1],
+                    windows[:, -1, 0],
+                    step + 1,
+                )
+            },
+            "actor_critic": {"policy_network": lambda params, obs, *_: obs},
+            "reinforce": {"network": lambda params, obs, *_: obs},
+        }[name]
+        if name == "skip_transformer":  # a window of one observation per state
+            args = (args[0]._replace(obs=inputs[:, None]), 0, jax.random.PRNGKey(0))
+    loss_fn = {
+        "ppo_joint": "ppo_loss",
+        "skip_transformer": "ppo_loss",
+        "awr": "policy_loss",
+        "actor_critic": "policy_loss",
+        "reinforce": "reinforce_loss",
+    }[name]
+    with mock.patch.multiple(module, **net):
+        loss, aux = getattr(module, loss_fn)({}, *args, dist, config)
+    metrics = aux[0] if name == "skip_transformer" else aux
+    return loss, metrics
+
+
+@pytest.mark.parametrize(
+    "name", ["ppo_joint", "awr", "actor_critic", "reinforce", "skip_transformer"]
+)
+def test_every_policy_loss_adds_box_coef_times_the_mean_outside_the_box(name):
+    without, metrics = box_penalty_loss(name, 0.0)
+    with_penalty, _ = box_penalty_loss(name, 2.0)
+    np.testing.assert_allclose(metrics["policy/outside_box"], 0.25, rtol=1e-6)
+    np.testing.assert_allclose(with_penalty - without, 2.0 * 0.25, rtol=1e-5)
+
+
 def test_gaussian_heads():
     features = jnp.asarray(np.random.default_rng(1).normal(size=(5, 8)), jnp.float32)
     # param: the dense layer emits d means; the log std is one learned vector appended to them

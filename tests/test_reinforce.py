@@ -49,7 +49,8 @@ def test_loss_matches_numpy():
         log_prob=jnp.asarray(np.log(1 / 3) + rng.normal(size=50) * 0.3, jnp.float32),
         weight=jnp.asarray(rng.normal(size=50) * 10, jnp.float32),
     )
-    loss, metrics = jax.jit(reinforce_loss, static_argnums=(2, 3))(params, batch, dist, "relu")
+    config = Config(activation="relu")
+    loss, metrics = jax.jit(reinforce_loss, static_argnums=(2, 3))(params, batch, dist, config)
 
     x = np.asarray(batch.obs, np.float64)
     for layer in params["torso"]:
@@ -63,6 +64,7 @@ def test_loss_matches_numpy():
         "policy/entropy": np.mean(-(np.exp(log_pi) * log_pi).sum(-1)),
         "policy/log_prob_mean": log_prob.mean(),
         "reinforce/approx_kl": np.mean(ratio - 1 - np.log(ratio)),
+        "policy/outside_box": 0.0,  # a categorical has no box
     }
     assert set(metrics) == set(expected)
     np.testing.assert_allclose(loss, expected["loss/policy"], rtol=1e-4)
@@ -74,6 +76,7 @@ KEYS = (
     "loss/policy",
     "policy/entropy",
     "policy/log_prob_mean",
+    "policy/outside_box",
     "policy/preferred_move",
     "reinforce/approx_kl",
     "reinforce/return_mean",

@@ -423,7 +423,7 @@ def test_reinforce_epoch():
         log_prob=log_prob,
         weight=flat(returns - returns.mean()).astype(jnp.float32),
     )
-    _, want = reinforce.reinforce_loss(params, batch, dist, config.activation)
+    _, want = reinforce.reinforce_loss(params, batch, dist, config)
     metrics = first(metrics)
     for key in ("loss/policy", "policy/entropy", "policy/log_prob_mean"):
         np.testing.assert_allclose(metrics[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
