@@ -85,10 +85,11 @@ class Config(cli.TrainConfig):
     """Box actions: how long each environment's exploration noise lasts, as a fraction of the
     episode's step limit; successive noises are correlated by exp(-1 / (noise_memory * limit)) (0:
     independent noise every step; common/distributions.py)"""
-    box_coef: float = 1.0
+    box_coef: float = 0.0
     """Box actions: weight of the penalty on the policy's mean outside the action box, the squared
-    distance outside it in half-widths of the box (common/distributions.py): past a bound the
-    clipped action no longer moves with the mean, and nothing else pulls it back (0: no penalty)"""
+    distance outside it in half-widths of the box (common/distributions.py; 0: no penalty, the
+    default here, where a mean past a bound is how the policy acts bang-bang; actor_critic and
+    reinforce, whose large steps let the mean run out, use 1)"""
     normalize_obs: bool = False
     """normalize observations by their running mean and variance, feature by feature (kept in the
     runner state, merged over devices, per seed, saved in checkpoints), clipped to +-10; empty
