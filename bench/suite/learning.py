@@ -98,6 +98,13 @@ OTHER_TASKS = [  # script, its flags, task, budget, what every seed must reach
     # exploration noise that lasts (--noise-memory): with independent noise, 0 on almost every seed
     ("awr", {}, "MountainCarContinuous-v0", 300_000, 90.0),
     ("awr", dict(q_value=True, n_samples=4), "MountainCarContinuous-v0", 300_000, 90.0),
+    # the mean held in the box (--box-coef): without it 5 of 8 a2c seeds ran it out past full
+    # throttle
+    ("actor_critic", {}, "MountainCarContinuous-v0", 300_000, 90.0),
+    # MountainCar-v0's velocity (within +-0.07) read through --normalize-obs: without it, -200
+    ("actor_critic", dict(normalize_obs=True), "MountainCar-v0", 500_000, -118.0),
+    ("actor_critic", dict(loss="ppo", normalize_obs=True), "MountainCar-v0", 500_000, -118.0),
+    ("ppo_joint", dict(normalize_obs=True), "MountainCar-v0", 500_000, -118.0),
     # a2c's one policy step per epoch must go far: at --policy-lr 2.5e-3 (128-step rollouts), 0.44
     # to 1
     (
