@@ -51,7 +51,7 @@ class Config(cli.TrainConfig):
     """passes over each rollout"""
     num_minibatches: int = 4
     """minibatches per pass (must divide the per-device batch num_envs / n_devices * num_steps)"""
-    lr: float = 1e-3
+    lr: float = 2e-3
     """Adam learning rate"""
     gae_lambda: float = 0.95
     """lambda of GAE"""
