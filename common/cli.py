@@ -38,7 +38,7 @@ class RunConfig:
     STATIC_FLOATS = ()
     # flags added after runs were written, with the value such a run had in effect: `load_config`
     # fills them in
-    LEGACY = {"normalize_reward": False, "torso": "mlp"}
+    LEGACY = {"normalize_reward": False, "torso": "mlp", "noise_memory": 0.0, "box_coef": 0.0}
 
     env: str = "CartPole-v1"
     """gymnax environment id, or package.module:name of your own (a gymnax Environment class, or a
@@ -248,8 +248,10 @@ RETIRED = {"n_replay_epochs": 1, "torso": "mlp"}
 def migrate(cls, saved: dict, where: str) -> dict:
     """A saved config's flags under the names of `RENAMED`: each old flag becomes the new one (a
     `no_x` flips, a learning-rate schedule becomes `anneal_lr`); a `RETIRED` flag at its only value
-    is dropped."""
+    is dropped; actor_critic's former `--noise-memory -1` becomes the value its `--loss` picked."""
     hints = typing.get_type_hints(cls)
+    if saved.get("noise_memory") == -1:
+        saved = {**saved, "noise_memory": 0.002 if saved.get("loss") == "ppo" else 0.0}
     out = {}
     for name, value in saved.items():
         new = RENAMED.get(name)

@@ -478,6 +478,39 @@ def test_a_run_written_before_reward_normalization_resumes_as_it_ran(tmp_path, s
     assert cli.load_config(module.Config, tmp_path).normalize_reward is False
 
 
+@pytest.mark.parametrize("script", ["ppo_joint", "actor_critic", "awr", "reinforce"])
+def test_a_run_written_before_lasting_noise_and_the_box_penalty_resumes_as_it_ran(tmp_path, script):
+    """Its config.json lacks --noise-memory and --box-coef: its noise was independent and its loss
+    had no penalty, so it resumes with both at 0."""
+    import importlib
+
+    from common import cli
+
+    module = importlib.import_module(f"algos.{script}")
+    saved = {
+        k: v
+        for k, v in dataclasses.asdict(module.Config()).items()
+        if k not in ("noise_memory", "box_coef")
+    }
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    config = cli.load_config(module.Config, tmp_path)
+    assert (config.noise_memory, config.box_coef) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("loss, noise_memory", [("a2c", 0.0), ("ppo", 0.002)])
+def test_an_actor_critic_run_written_with_noise_memory_minus_one_resumes_as_it_ran(
+    tmp_path, loss, noise_memory
+):
+    """`--noise-memory -1` let `--loss` pick (0.002 for ppo, 0 for a2c) and is gone: such a run
+    resumes with the value its loss picked."""
+    from algos import actor_critic
+    from common import cli
+
+    saved = {**dataclasses.asdict(actor_critic.Config(loss=loss)), "noise_memory": -1.0}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert cli.load_config(actor_critic.Config, tmp_path).noise_memory == noise_memory
+
+
 def test_a_run_written_before_the_conv_torso_resumes_with_its_mlp(tmp_path):
     """Its config.json lacks --torso: it flattened image observations into the MLP, and resumes
     so."""
