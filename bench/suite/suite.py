@@ -192,6 +192,8 @@ def run_cell(
         "by_depth": summary.get("eval_return_by_depth_per_seed"),
         "env_steps": summary["env_steps"],
         "wall_s": wall,
+        # every seed's env steps per second of training (compiles and evaluations left out)
+        "sps": summary["sps"],
         "commit": commit("algos", "common"),
         "command": "python " + " ".join(cmd[1:-2]),
         # the greedy return of each seed at each evaluation, for the task's PNG
@@ -363,17 +365,19 @@ def report(cells: dict, randoms: dict) -> str:
                 else []
             ),
             "| script | mean | worst seed | every seed >= goal | per seed | env steps | wall s | "
-            "commit |",
-            "|---|---:|---:|---|---|---:|---:|---|",
+            "SPS | commit |",
+            "|---|---:|---:|---|---|---:|---:|---:|---|",
         ]
         for row, c in rows:
             if "error" in c:
-                lines.append(f"| {row} | error: {c['error']} | | | | | | |")
+                lines.append(f"| {row} | error: {c['error']} | | | | | | | |")
                 continue
             seeds = ", ".join(f"{x:.3g}" for x in c["per_seed"])
+            sps = f"{c['sps']:,.0f}" if "sps" in c else ""  # cells measured before it was kept
             lines.append(
                 f"| {row} | {c['mean']:.3g} | {c['worst']:.3g} | {'yes' if met(c, target) else 'no'} "
-                f"| {seeds} | {c['env_steps']:,} | {c['wall_s']:.0f} | {c['commit']} |"
+                f"| {seeds} | {c['env_steps']:,} | {c['wall_s']:.0f} | {sps} "
+                f"| {c['commit']} |"
             )
         for row, c in rows:
             for depth, per_seed in sorted((c.get("by_depth") or {}).items()):
