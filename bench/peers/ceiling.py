@@ -4,6 +4,12 @@ the same rollout plus a PPO update's forward and backward passes at its batch sh
     .venv/bin/python bench/peers/ceiling.py --num-envs 5
     .venv/bin/python bench/peers/ceiling.py --num-envs 1024 --rollout 128 --update-epochs 4 \
         --num-minibatches 4
+    .venv/bin/python bench/peers/ceiling.py --env SpaceInvaders-MinAtar --torso conv --num-envs 32 \
+        --update-epochs 4   # ppo_joint's epoch on MinAtar, 4 seeds of 8 envs, as one network
+
+The torso is the scripts' own (common/nets.py: `--torso mlp` on the flattened
+observation, or `--torso conv`, the 3x3 convolution first), with one dense
+layer for the logits and a value on top.
 
 N environments stepped with vmap, the policy sampling an action from its
 logits each step, lax.scan over --num-steps steps in one compiled call. With
@@ -25,6 +31,8 @@ import gymnax
 import jax
 import jax.numpy as jnp
 
+from common import nets
+
 
 def parse_args():
     p = argparse.ArgumentParser(
@@ -36,6 +44,7 @@ def parse_args():
         "--num-steps", type=int, default=20_000, help="steps per environment per timed call"
     )
     p.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
+    p.add_argument("--torso", choices=["mlp", "conv"], default="mlp")
     p.add_argument(
         "--reps", type=int, default=5, help="timed calls after compilation (median reported)"
     )
@@ -50,21 +59,18 @@ def parse_args():
 def main():
     args = parse_args()
     env, env_params = gymnax.make(args.env)
-    obs_dim = env.observation_space(env_params).shape[0]
+    obs_shape = tuple(env.observation_space(env_params).shape)
     n_actions = env.action_space(env_params).n
-    sizes = [obs_dim, *args.hidden, n_actions + 1]  # the logits and a value
-    keys = jax.random.split(jax.random.PRNGKey(0), len(sizes))
-    params = [
-        (jax.random.normal(k, (a, b)) / jnp.sqrt(a), jnp.zeros(b))
-        for k, a, b in zip(keys, sizes[:-1], sizes[1:])
-    ]
+    keys = jax.random.split(jax.random.PRNGKey(0), len(args.hidden) + 1)
+    params = {
+        "torso": nets.torso_init(keys[:-1], obs_shape, tuple(args.hidden), args.torso == "conv"),
+        # the logits and a value
+        "head": nets.dense_init(keys[-1], args.hidden[-1], n_actions + 1, 0.01),
+    }
 
-    def net(params, obs):  # [N, obs_dim] -> [N, n_actions + 1]
-        x = obs
-        for w, b in params[:-1]:
-            x = jnp.tanh(x @ w + b)
-        w, b = params[-1]
-        return x @ w + b
+    def net(params, obs):  # [N, *obs_shape] -> [N, n_actions + 1]
+        x = jax.vmap(nets.torso, (None, 0, None))(params["torso"], obs, "tanh")
+        return x @ params["head"]["w"] + params["head"]["b"]
 
     def loss(params, obs, action):
         out = net(params, obs)
@@ -72,7 +78,7 @@ def main():
         return -jnp.mean(log_pi) + jnp.mean(out[:, -1] ** 2)
 
     def update(params, key, obs, action):  # [T, N, ...] -> E passes of minibatch gradient steps
-        obs, action = obs.reshape(-1, obs.shape[-1]), action.reshape(-1)
+        obs, action = obs.reshape(-1, *obs_shape), action.reshape(-1)
         m = args.num_minibatches
 
         def minibatch(params, batch):
@@ -81,7 +87,7 @@ def main():
 
         def epoch(params, key):
             order = jax.random.permutation(key, obs.shape[0])
-            batches = (obs[order].reshape(m, -1, obs.shape[-1]), action[order].reshape(m, -1))
+            batches = (obs[order].reshape(m, -1, *obs_shape), action[order].reshape(m, -1))
             return jax.lax.scan(minibatch, params, batches)[0], None
 
         return jax.lax.scan(epoch, params, jax.random.split(key, args.update_epochs))[0]
@@ -128,6 +134,7 @@ def main():
         json.dumps(
             {
                 "num_envs": args.num_envs,
+                "torso": args.torso,
                 "update_epochs": args.update_epochs,
                 "steps_per_call": steps,
                 "compile_s": compile_s,

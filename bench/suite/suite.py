@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from bench.results import commit
 from common import envs, plot
 
@@ -184,10 +186,16 @@ def run_cell(
     summary = json.loads((out / "summary.json").read_text())
     steps, returns = plot.load_curve(out, "eval/return")
     per_seed = summary["eval_return_per_seed"]
+    # the behaviour policy's return (sampled actions; dqn_value's epsilon-greedy), as gymnax's
+    # anchors evaluate: each seed's training episodes over the last 5% of epochs
+    _, training = plot.load_curve(out, "episode/return")
+    last = training[-max(1, len(training) // 20) :]
+    behaviour = [float(np.mean(x[~np.isnan(x)])) if (~np.isnan(x)).any() else None for x in last.T]
     return {
         "mean": summary["eval_return"],
         "worst": min(per_seed),
         "per_seed": per_seed,
+        "behaviour_per_seed": behaviour,
         # skip_transformer: every depth's greedy return
         "by_depth": summary.get("eval_return_by_depth_per_seed"),
         "env_steps": summary["env_steps"],
@@ -332,7 +340,10 @@ def report(cells: dict, randoms: dict) -> str:
         "`--num-seeds` seeds in one program, greedy return over 32 episodes at the end. Anchor: "
         "gymnax's PPO table at that budget (Pendulum and MountainCarContinuous: at 1M steps); "
         "goal: every seed at or above it (DeepSea: its optimum, 0.99; Acrobot: -100; Pendulum: "
-        "-200).",
+        "-200). In each task's table, behaviour policy: each seed's training episodes over the last "
+        "5% of epochs (sampled actions; dqn_value's epsilon-greedy), the policy gymnax's anchors "
+        "evaluate; SPS: every seed's env steps per second of training (compiles and evaluations "
+        "left out).",
         "",
     ]
     judged = [
@@ -364,19 +375,24 @@ def report(cells: dict, randoms: dict) -> str:
                 if random is not None
                 else []
             ),
-            "| script | mean | worst seed | every seed >= goal | per seed | env steps | wall s | "
-            "SPS | commit |",
-            "|---|---:|---:|---|---|---:|---:|---:|---|",
+            "| script | mean | worst seed | every seed >= goal | per seed | behaviour policy | "
+            "env steps | wall s | SPS | commit |",
+            "|---|---:|---:|---|---|---:|---:|---:|---:|---|",
         ]
         for row, c in rows:
             if "error" in c:
-                lines.append(f"| {row} | error: {c['error']} | | | | | | | |")
+                lines.append(f"| {row} | error: {c['error']} | | | | | | | | |")
                 continue
             seeds = ", ".join(f"{x:.3g}" for x in c["per_seed"])
-            sps = f"{c['sps']:,.0f}" if "sps" in c else ""  # cells measured before it was kept
+            # figures that cells measured before they were kept lack
+            sps = f"{c['sps']:,.0f}" if "sps" in c else ""
+            behaviour = [x for x in c.get("behaviour_per_seed") or [] if x is not None]
+            behaviour = (
+                f"{sum(behaviour) / len(behaviour):.3g} / {min(behaviour):.3g}" if behaviour else ""
+            )
             lines.append(
                 f"| {row} | {c['mean']:.3g} | {c['worst']:.3g} | {'yes' if met(c, target) else 'no'} "
-                f"| {seeds} | {c['env_steps']:,} | {c['wall_s']:.0f} | {sps} "
+                f"| {seeds} | {behaviour} | {c['env_steps']:,} | {c['wall_s']:.0f} | {sps} "
                 f"| {c['commit']} |"
             )
         for row, c in rows:
