@@ -56,24 +56,30 @@ def parse_args():
     return p.parse_args()
 
 
+def init_network(key, obs_shape: tuple, hidden: list, torso: str, n_out: int) -> dict:
+    """The scripts' torso (common/nets.py, tanh) with one dense layer of `n_out` outputs on top."""
+    keys = jax.random.split(key, len(hidden) + 1)
+    return {
+        "torso": nets.torso_init(keys[:-1], obs_shape, tuple(hidden), torso == "conv"),
+        "head": nets.dense_init(keys[-1], hidden[-1], n_out, 0.01),
+    }
+
+
+def network(params: dict, obs: jax.Array) -> jax.Array:  # [N, *obs_shape] -> [N, n_out]
+    x = jax.vmap(nets.torso, (None, 0, None))(params["torso"], obs, "tanh")
+    return x @ params["head"]["w"] + params["head"]["b"]
+
+
 def main():
     args = parse_args()
     env, env_params = gymnax.make(args.env)
     obs_shape = tuple(env.observation_space(env_params).shape)
     n_actions = env.action_space(env_params).n
-    keys = jax.random.split(jax.random.PRNGKey(0), len(args.hidden) + 1)
-    params = {
-        "torso": nets.torso_init(keys[:-1], obs_shape, tuple(args.hidden), args.torso == "conv"),
-        # the logits and a value
-        "head": nets.dense_init(keys[-1], args.hidden[-1], n_actions + 1, 0.01),
-    }
-
-    def net(params, obs):  # [N, *obs_shape] -> [N, n_actions + 1]
-        x = jax.vmap(nets.torso, (None, 0, None))(params["torso"], obs, "tanh")
-        return x @ params["head"]["w"] + params["head"]["b"]
+    # the logits and a value
+    params = init_network(jax.random.PRNGKey(0), obs_shape, args.hidden, args.torso, n_actions + 1)
 
     def loss(params, obs, action):
-        out = net(params, obs)
+        out = network(params, obs)
         log_pi = jnp.take_along_axis(jax.nn.log_softmax(out[:, :-1]), action[:, None], 1)
         return -jnp.mean(log_pi) + jnp.mean(out[:, -1] ** 2)
 
@@ -103,7 +109,7 @@ def main():
         def step(carry, key):
             obs, state, total, params = carry
             act_key, step_key = jax.random.split(key)
-            action = jax.random.categorical(act_key, net(params, obs)[:, :-1])
+            action = jax.random.categorical(act_key, network(params, obs)[:, :-1])
             next_obs, state, reward, _, _, _ = step_envs(
                 jax.random.split(step_key, args.num_envs), state, action, env_params
             )

@@ -23,7 +23,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from common import envs, nets
+from bench.peers.ceiling import init_network, network
+from common import envs
 
 
 def parse_args():
@@ -49,22 +50,9 @@ def main():
     obs_shape = tuple(env.observation_space(env_params).shape)
     n_actions = env.action_space(env_params).n
 
-    def init(key):
-        keys = jax.random.split(key, len(args.hidden) + 1)
-        return {
-            "torso": nets.torso_init(
-                keys[:-1], obs_shape, tuple(args.hidden), args.torso == "conv"
-            ),
-            "q": nets.dense_init(keys[-1], args.hidden[-1], n_actions, 1.0),
-        }
-
-    def q_values(params, obs):  # [N, *obs_shape] -> [N, n_actions]
-        x = jax.vmap(nets.torso, (None, 0, None))(params["torso"], obs, "tanh")
-        return x @ params["q"]["w"] + params["q"]["b"]
-
     def loss(params, target, obs, next_obs, action):
-        q = jnp.take_along_axis(q_values(params, obs), action[:, None], 1)[:, 0]
-        y = jax.lax.stop_gradient(q_values(target, next_obs).max(1))
+        q = jnp.take_along_axis(network(params, obs), action[:, None], 1)[:, 0]
+        y = jax.lax.stop_gradient(network(target, next_obs).max(1))
         return jnp.mean((q - y) ** 2)
 
     # the replay: random observations, drawn once
@@ -85,7 +73,9 @@ def main():
         return jax.lax.scan(step, params, steps)[0]
 
     keys = jax.random.split(jax.random.PRNGKey(0), args.num_seeds)
-    params = jax.vmap(init)(keys)
+    params = jax.vmap(lambda key: init_network(key, obs_shape, args.hidden, args.torso, n_actions))(
+        keys
+    )
     run = jax.jit(jax.vmap(updates))
     t0 = time.time()
     compiled = run.lower(params, keys).compile()

@@ -386,10 +386,8 @@ def report(cells: dict, randoms: dict) -> str:
             seeds = ", ".join(f"{x:.3g}" for x in c["per_seed"])
             # figures that cells measured before they were kept lack
             sps = f"{c['sps']:,.0f}" if "sps" in c else ""
-            behaviour = [x for x in c.get("behaviour_per_seed") or [] if x is not None]
-            behaviour = (
-                f"{sum(behaviour) / len(behaviour):.3g} / {min(behaviour):.3g}" if behaviour else ""
-            )
+            sampled = [x for x in c.get("behaviour_per_seed") or [] if x is not None]
+            behaviour = f"{sum(sampled) / len(sampled):.3g} / {min(sampled):.3g}" if sampled else ""
             lines.append(
                 f"| {row} | {c['mean']:.3g} | {c['worst']:.3g} | {'yes' if met(c, target) else 'no'} "
                 f"| {seeds} | {behaviour} | {c['env_steps']:,} | {c['wall_s']:.0f} | {sps} "
