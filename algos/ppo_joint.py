@@ -50,8 +50,8 @@ class Config(cli.TrainConfig):
     """PPO ratio clip epsilon"""
     vf_coef: float = 0.25
     """value loss coefficient c_v"""
-    ent_coef: float = 0.0
-    """entropy bonus coefficient c_ent"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient c_ent (keeps a policy from settling on one action early)"""
     torso: nets.Torso = "auto"
     """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers
     (image observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for
