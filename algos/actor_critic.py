@@ -511,10 +511,15 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # ADVANTAGES: the estimator on V(s_t), V(final_obs_t) (truncations bootstrap), rewards /
         # their return std.
-        norm = functools.partial(envs.normalize_obs, state.obs_stats)  # off: the identity
-        values = value_scale * values_of(state.value_params, norm(traj.obs), config.activation)
-        next_values = value_scale * values_of(
-            state.value_params, norm(traj.final_obs), config.activation
+        # values_of's V, as the networks see observations (--normalize-obs off: as they are)
+        def value(obs):  # [N, B, *obs_shape] -> [N, B]
+            obs = envs.normalize_obs(state.obs_stats, obs)
+            return value_scale * values_of(state.value_params, obs, config.activation)
+
+        values = value(traj.obs)
+        truncated = traj.done & ~traj.terminated
+        next_values = envs.next_values(
+            value, values, traj.final_obs, truncated, env_params.max_steps_in_episode
         )
         reward_stats = envs.update_reward_stats(
             state.reward_stats, traj.reward, traj.done, config.gamma

@@ -491,6 +491,9 @@ def make_trainer(config: Config) -> run.Trainer:
     def masked_mean(x, valid):  # over the valid rows of an [N, K] array
         return jnp.sum(x * valid[:, None]) / jnp.sum(valid) / K
 
+    def by_epoch(x):  # [N, ...] -> [capacity, T, B, ...]: each stored epoch is its own rollout
+        return x.reshape((capacity, T, B) + x.shape[1:])
+
     def targets_of(critic_params, rows: Transition, valid, key) -> Targets:
         """What the critic `critic_params` makes of the replay `rows` `[N, ...]` (`valid` `[N]`:
         those holding data)."""
@@ -516,14 +519,24 @@ def make_trainer(config: Config) -> run.Trainer:
         else:  # the taken action, and V(s) in Q's place
             actions, log_mu = rows.action[:, None], jnp.zeros((n_rows, 1))
             values = critic(critic_params, rows.obs)
-            next_values = critic(critic_params, rows.final_obs)
+
+            def values_of(obs):  # [M, B, *obs_shape] -> [M, B]
+                flat = obs.reshape((-1,) + obs.shape[2:])
+                return critic(critic_params, flat).reshape(obs.shape[:2])
+
+            # V(s'_t): V(s_{t+1}) from `values`, the critic only on the final observations of the
+            # truncated and last steps (envs.next_values)
+            def epoch_next_values(values, final_obs, truncated):  # one stored epoch's [T, B]
+                limit = env_params.max_steps_in_episode
+                return envs.next_values(values_of, values, final_obs, truncated, limit)
+
+            truncated = rows.done & ~rows.terminated
+            next_values = jax.vmap(epoch_next_values)(
+                by_epoch(values), by_epoch(rows.final_obs), by_epoch(truncated)
+            ).reshape(-1)
             q = values[:, None]
-        # each stored epoch is its own [T, B] rollout
         returns = jax.vmap(td_lambda, (0, 0, 0, 0, None, None))(
-            *(
-                x.reshape((capacity, T, B))
-                for x in (rows.reward, next_values, rows.terminated, rows.done)
-            ),
+            *(by_epoch(x) for x in (rows.reward, next_values, rows.terminated, rows.done)),
             config.gamma,
             config.gae_lambda,
         ).reshape(-1)

@@ -327,9 +327,16 @@ def make_trainer(config: Config) -> run.Trainer:
         # ADVANTAGES: GAE, or Monte-Carlo (lambda = 1), bootstrapping truncations from V(final_obs),
         # on the rewards divided by the running std of the discounted return (unless
         # --no-normalize-reward).
-        final_obs = envs.normalize_obs(state.obs_stats, traj.final_obs)
-        _, next_values = jax.vmap(net, (None, 0, None, None))(
-            state.params, final_obs, dist, config.activation
+        def values_of(obs):  # [N, B, *obs_shape] -> [N, B]
+            obs = envs.normalize_obs(state.obs_stats, obs)
+            _, values = jax.vmap(net, (None, 0, None, None))(
+                state.params, obs, dist, config.activation
+            )
+            return values
+
+        truncated = traj.done & ~traj.terminated
+        next_values = envs.next_values(
+            values_of, traj.value, traj.final_obs, truncated, env_params.max_steps_in_episode
         )
         lam = 1.0 if config.advantage == "monte-carlo" else config.gae_lambda
         state = state._replace(

@@ -460,9 +460,12 @@ def make_trainer(config: Config) -> run.Trainer:
 
         # ADVANTAGES: GAE on rewards / their return std, truncations bootstrapping from the final
         # window.
-        next_values = network(state.params, flat(norm(traj.final_obs)), dist, config)[1].reshape(
-            traj.value.shape
-        )
+        def values_of(windows):  # [N, B, ...] -> [N, B]
+            rows = windows.reshape((-1,) + windows.shape[2:])
+            return network(state.params, norm(rows), dist, config)[1].reshape(windows.shape[:2])
+
+        truncated = traj.done & ~traj.terminated
+        next_values = envs.next_values(values_of, traj.value, traj.final_obs, truncated, limit)
         state = state._replace(
             reward_stats=envs.update_reward_stats(
                 state.reward_stats, traj.reward, traj.done, config.gamma

@@ -3,7 +3,7 @@
 gymnax 1.0.1 steps return `(obs, state, reward, terminated, truncated, info)`
 and reset automatically; `info["final_observation"]` is the observation
 before the reset. A terminated step has no future; a truncated one (time
-limit) still has one, so targets bootstrap from `V(final_observation)`.
+limit) still has one, so targets bootstrap from `V(final_observation)` (`next_values`).
 
 Partial observation: `make_env` also builds the ids of `PARTIALLY_OBSERVED`
 (CartPoleNoVel-v1: CartPole-v1 without its velocities) as `HiddenEntries`, and
@@ -28,6 +28,7 @@ import sys
 import types
 from typing import Any, Callable, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -358,6 +359,34 @@ class ContextWindow:
             truncated,
             info,
         )
+
+
+def next_values(values_of: Callable, values, final_obs, truncated, step_limit: int) -> jax.Array:
+    """V(s'_t) `[T, B]` for each step of a rollout, s'_t the observation after step t before any
+    reset (`info["final_observation"]`), with `values_of` run only on the steps that need it.
+
+    `values` `[T, B]` holds V(s_t). Where step t did not end its episode, s'_t is s_{t+1}, whose
+    value is `values[t + 1]`; after a termination the discount is 0, so `values[t + 1]` serves
+    there too. That leaves the last step and the truncated ones (`truncated` `[T, B]`): `values_of`
+    maps their final observations `[K, B, ...]` to `[K, B]`. gymnax truncates an episode at its
+    `step_limit`-th step (`max_steps_in_episode`), so an environment's truncations are at least
+    `step_limit` steps apart, and K = (T - 1) // step_limit + 2 slots hold them and the last step.
+    The result equals `values_of(final_obs)` wherever the discount is not 0. An environment that
+    truncates more often than its time limit allows gets NaN in place of values not computed: the
+    run stops (`run.check_losses`).
+    """
+    chex.assert_equal_shape([values, truncated])
+    n_steps, n_envs = truncated.shape
+    n_slots = (n_steps - 1) // int(max(1, min(step_limit, n_steps))) + 2
+    needed = truncated.at[-1].set(True)
+    # [K, B]: each environment's needed steps in order; slots left over repeat its last step
+    steps = jax.vmap(
+        lambda column: jnp.nonzero(column, size=n_slots, fill_value=n_steps - 1)[0], out_axes=1
+    )(needed.T)
+    env = jnp.arange(n_envs)
+    shifted = jnp.concatenate([values[1:], values[-1:]])  # V(s_{t+1}); the last row is replaced
+    next_values = shifted.at[steps, env].set(values_of(final_obs[steps, env]))
+    return jnp.where(needed.sum(0) > n_slots, jnp.nan, next_values)
 
 
 class EpisodeStats(NamedTuple):

@@ -99,6 +99,54 @@ def test_context_window_slides_and_resets_at_episode_ends():
     assert "terminated" in ends and "truncated" in ends, ends
 
 
+def test_next_values_are_the_values_of_the_final_observations_wherever_they_count():
+    """On CartPole cut to a 12-step limit (terminations and truncations, the environments out of
+    phase), with random actions: next_values equals the value function on every final
+    observation, except after a termination, whose discount is 0."""
+    env, params = gymnax.make("CartPole-v1")
+    params = params.replace(max_steps_in_episode=12)
+    n_envs, n_steps = 32, 24
+    step = jax.jit(jax.vmap(env.step, (0, 0, 0, None)))
+    obs, state = jax.vmap(env.reset, (0, None))(
+        jax.random.split(jax.random.PRNGKey(0), n_envs), params
+    )
+    rows = []
+    for t in range(60 + n_steps):  # the first 60 steps put the environments out of phase
+        keys = jax.random.split(jax.random.PRNGKey(t + 1), n_envs + 1)
+        action = jax.random.randint(keys[0], (n_envs,), 0, 2)
+        next_obs, state, _, terminated, truncated, info = step(keys[1:], state, action, params)
+        rows.append((obs, info["final_observation"], terminated, truncated & ~terminated))
+        obs = next_obs
+    obs, final_obs, terminated, truncated = (jnp.stack(x) for x in zip(*rows[60:]))
+
+    def values_of(o):  # any function of one observation
+        return jnp.sin(o @ jnp.array([1.0, -2.0, 3.0, 0.5]))
+
+    got = envs.next_values(values_of, values_of(obs), final_obs, truncated, 12)
+    np.testing.assert_allclose(
+        np.where(terminated, 0, got), np.where(terminated, 0, values_of(final_obs)), rtol=1e-6
+    )
+    # truncations at the rollout's last step and away from it, and terminations
+    assert truncated[-1].any() and truncated[:-1].any() and terminated.any()
+
+
+def test_next_values_hold_as_many_truncations_as_the_time_limit_allows():
+    """T = 11 steps, a 3-step limit: an environment truncated at steps 0, 3, 6 and 9 (the most there
+    can be, and then the last step), one at 1, 4, 7 and 10, one never, and one every second step,
+    which the limit rules out: NaN, not values it did not compute."""
+    n_steps = 11
+    truncated = np.zeros((n_steps, 4), bool)
+    truncated[[0, 3, 6, 9], 0] = truncated[[1, 4, 7, 10], 1] = truncated[::2, 3] = True
+    values = np.arange(n_steps * 4, dtype=np.float32).reshape(n_steps, 4)
+    final_obs = -values - 1  # the value function is the identity
+    got = envs.next_values(lambda x: x, *map(jnp.asarray, (values, final_obs, truncated)), 3)
+    fresh = truncated.copy()
+    fresh[-1] = True
+    want = np.where(fresh, final_obs, np.concatenate([values[1:], values[-1:]]))
+    np.testing.assert_array_equal(got[:, :3], want[:, :3])
+    assert np.isnan(got[:, 3]).all()
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_script_trains_and_acts_on_cartpole_without_velocities(script):
     """`--env CartPoleNoVel-v1`: the script's environments show 2 entries, and its network reads

@@ -253,6 +253,20 @@ MUTATIONS = [
         ("tests/test_dqn_value.py",),
     ),
     Mutation(
+        "next-values-one-slot-short",
+        "common/envs.py",
+        "n_slots = (n_steps - 1) // int(max(1, min(step_limit, n_steps))) + 2",
+        "n_slots = (n_steps - 1) // int(max(1, min(step_limit, n_steps))) + 1",
+        ("tests/test_envs.py",),
+    ),
+    Mutation(
+        "next-values-truncation-from-the-next-row",
+        "algos/ppo_joint.py",
+        "truncated = traj.done & ~traj.terminated",
+        "truncated = traj.done & False",
+        ("tests/test_wiring.py", "tests/test_ppo_joint.py"),
+    ),
+    Mutation(
         "conv-torso-auto-picks-mlp-for-images",
         "common/nets.py",
         'return torso == "conv" or (torso == "auto" and image)',
