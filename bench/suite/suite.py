@@ -311,7 +311,7 @@ def table(cells: dict, tasks: list[str], rows: list[str]) -> list[str]:
 BEGIN, END = "<!-- suite table: bench/suite/suite.py writes it -->", "<!-- end of suite table -->"
 HEADLINE = (
     ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "DeepSea-bsuite", "Pendulum-v1"]
-    + ["Breakout-MinAtar", "SpaceInvaders-MinAtar"],
+    + ["Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar"],
     ["ppo_joint", "awr", "awr --q-value --n-samples 4", "dqn_value"],
 )
 
