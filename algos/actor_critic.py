@@ -102,8 +102,11 @@ class Config(cli.TrainConfig):
     rewards)"""
 
     def __post_init__(self):
-        if self.num_steps == 0:  # the --loss default, as config.json records it
+        # 0: the --loss default, set here so that config.json and a divergence's advice hold it
+        if self.num_steps == 0:
             object.__setattr__(self, "num_steps", {"a2c": 32, "ppo": 128}.get(self.loss, 128))
+        if self.policy_lr == 0:
+            object.__setattr__(self, "policy_lr", {"a2c": 4e-3, "ppo": 2.5e-3}.get(self.loss, 0.0))
         super().__post_init__()
         for name in (
             "loss",
@@ -130,7 +133,7 @@ class Config(cli.TrainConfig):
             "step): use 2 or more, or 0 for the default 16",
         )
         cli.require(
-            self.policy_lr >= 0 and self.value_lr > 0,
+            self.policy_lr > 0 and self.value_lr > 0,
             f"--policy-lr {self.policy_lr}, --value-lr "
             f"{self.value_lr}: use positive learning rates (--policy-lr 0: the --loss default)",
         )
@@ -420,10 +423,7 @@ def make_trainer(config: Config) -> run.Trainer:
         )
         return optax.chain(clip, optax.adam(lr, eps=1e-5))
 
-    policy_lr = jnp.where(
-        config.policy_lr > 0, config.policy_lr, {"a2c": 4e-3, "ppo": 2.5e-3}[config.loss]
-    )
-    policy_tx = optimizer(policy_lr, config.n_policy_steps)
+    policy_tx = optimizer(config.policy_lr, config.n_policy_steps)
     value_tx = optimizer(config.value_lr, config.value_steps)
     estimate = estimator(config)
     # [T, B, ...] -> [T, B]

@@ -18,6 +18,7 @@ episodes (`eval_keys`), so members meet on equal terms.
 
 import contextlib
 import copy
+import dataclasses
 import re
 import sysconfig
 import traceback
@@ -80,10 +81,12 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any
     trainer = make_trainer(config)
     members = cli.sweep_members(config)
     keys = jnp.tile(devices.seed_keys(init_key, config.num_seeds, n_devices), (1, len(members), 1))
+    # each member's values as its config holds them (a script may set a flag's 0 to its default)
+    member_configs = [dataclasses.replace(config, sweep=(), **m) for m in members]
     values = {
         name: jnp.broadcast_to(
             jnp.repeat(
-                jnp.asarray([m.get(name, getattr(config, name)) for m in members], jnp.float32),
+                jnp.asarray([getattr(c, name) for c in member_configs], jnp.float32),
                 config.num_seeds,
             ),
             keys.shape[:2],

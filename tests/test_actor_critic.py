@@ -6,7 +6,9 @@ The estimators are tested in tests/test_estimators.py. Sizes are tiny
 module-level cache and the session's persistent compilation cache.
 """
 
+import dataclasses
 import functools
+from pathlib import Path
 
 import chex
 import jax
@@ -17,7 +19,7 @@ from gymnax.environments import spaces
 
 from algos import actor_critic
 from algos.actor_critic import Batch, Config, make_trainer, policy_loss, value_loss
-from common import devices, nets, run
+from common import checkpoints, devices, nets, run, sweep
 from common.distributions import make_distribution
 from helpers import NUM_SEEDS, host, quick_compile, random_batch, run_keys, run_outputs, run_script
 
@@ -355,6 +357,19 @@ def test_two_device_pendulum_epoch_keeps_devices_in_sync():
 def test_bad_config_is_rejected(overrides, match):
     with pytest.raises(ValueError, match=match):
         Config(**{**TINY, **overrides})
+
+
+@pytest.mark.parametrize("loss, lr", [("a2c", 4e-3), ("ppo", 2.5e-3)])
+def test_policy_lr_0_is_the_loss_default_in_the_config_the_advice_and_a_sweep(loss, lr):
+    """`--policy-lr 0` is the rate --loss picks, held by the config (so config.json records it),
+    lowered by the divergence advice and fed to the programs by `--sweep`."""
+    config = Config(loss=loss, n_devices=1)
+    assert config.policy_lr == lr
+    advice = checkpoints.divergence_advice(config, None, Path("run"))
+    assert f"--policy-lr {lr / 10:.3g} --value-lr 0.00025" in advice
+    swept = dataclasses.replace(config, sweep=("policy_lr=0,1e-3",))
+    values = sweep.build(swept, make_trainer, 1, jax.random.PRNGKey(0))[2]
+    np.testing.assert_allclose(values["policy_lr"][0], [lr, 1e-3], rtol=1e-6)
 
 
 def test_ppo_defaults_take_several_minibatch_steps_and_differ_from_a2c():
