@@ -38,8 +38,9 @@ class Config(cli.TrainConfig):
     """passes over each rollout"""
     num_minibatches: int = 4
     """minibatches per pass (must divide the per-device batch num_envs / n_devices * num_steps)"""
-    lr: float = 2.5e-3
-    """Adam learning rate"""
+    lr: float | None = None
+    """Adam learning rate (unset: 5e-4 where the network starts with the convolution, on image
+    observations; else 2.5e-3; docs/decisions.md says why)"""
     gae_lambda: float = 0.95
     """lambda of GAE"""
     advantage: Literal["gae", "monte-carlo"] = "gae"
@@ -83,7 +84,7 @@ class Config(cli.TrainConfig):
         super().__post_init__()
         for name in ("update_passes", "num_minibatches"):
             cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-        cli.require(self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
+        cli.require(self.lr is None or self.lr > 0, f"--lr {self.lr}: use a positive learning rate")
         cli.require(
             0 <= self.gae_lambda <= 1, f"--gae-lambda {self.gae_lambda}: use a value in [0, 1]"
         )
@@ -94,6 +95,14 @@ class Config(cli.TrainConfig):
         cli.require(
             len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
         )
+
+    def resolved(self) -> Config:
+        """--lr unset: the learning rate of the network's first layers."""
+        if self.lr is not None:  # given, or a traced number inside a program
+            return self
+        env, env_params = envs.make_env(self.env)
+        conv = nets.uses_conv(self.torso, tuple(env.observation_space(env_params).shape))
+        return dataclasses.replace(self, lr=5e-4 if conv else 2.5e-3)
 
 
 # ----------------------------------------------------------------------------
@@ -245,6 +254,7 @@ def ppo_loss(params, batch: Batch, dist, config: Config):
 # Training
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
+    config = config.resolved()
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     correlation = noise_correlation(config.noise_memory, env_params.max_steps_in_episode)

@@ -98,7 +98,7 @@ class RunConfig:
         for name, kind in typing.get_type_hints(type(self)).items():  # what JAX can compute with
             value = getattr(self, name)
             require(
-                kind is not float or math.isfinite(value),
+                kind not in (float, float | None) or value is None or math.isfinite(value),
                 f"{flag_name(name)} {value}: use a finite number",
             )
             require(
@@ -139,6 +139,12 @@ class RunConfig:
         for member in sweep_members(self) if self.sweep else ():
             dataclasses.replace(self, sweep=(), **member)
 
+    def resolved(self):
+        """This config with the flags it leaves unset (None) filled in from its environment's
+        spaces. A script whose defaults depend on them overrides it; `run.prepare` calls it before
+        anything is built, so the run's config.json and advice hold the values it used."""
+        return self
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(RunConfig):
@@ -170,8 +176,15 @@ class TrainConfig(RunConfig):
 
 
 def float_flags(cls) -> list[str]:
-    """The float flags of a config class: what `--sweep` varies and `--resume` may change."""
-    return sorted(k for k, v in typing.get_type_hints(cls).items() if v is float)
+    """The float flags of a config class: what `--sweep` varies and `--resume` may change. A
+    script's `float | None` flag is one too: unset, it is filled in before the run builds anything
+    (`RunConfig.resolved`)."""
+    run_flags = {f.name for f in dataclasses.fields(RunConfig)}
+    return sorted(
+        k
+        for k, v in typing.get_type_hints(cls).items()
+        if v is float or (v == float | None and k not in run_flags)
+    )
 
 
 def sweep_members(config) -> list[dict]:

@@ -133,6 +133,7 @@ def train(
     wall_start = time.time()
     with contextlib.ExitStack() as held:  # the run directory's lock, released however the run ends
         setup = prepare(config, make_trainer, script)
+        config = setup.config
         if setup.host.is_chief and not config.eval_only:
             held.enter_context(outputs.open_run_dir(setup.run_dir, config))
         start_epoch, state = 0, None
@@ -186,6 +187,7 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
         enable_compile_cache()
     host = devices.init_host_and_devices(config.n_devices or None, config.seed)
     hosts = jax.process_count()
+    config = config.resolved()  # defaults that depend on the environment's spaces
     # The flags describe the whole run: its environments and batches split over every host's
     # devices.
     run_dir = Path(

@@ -78,6 +78,7 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any
     host's); `n_devices` this host's. With `--sweep`, seed i of every member starts
     from the key of seed i of a run without it (paired comparison).
     """
+    config = config.resolved()
     trainer = make_trainer(config)
     members = cli.sweep_members(config)
     keys = jnp.tile(devices.seed_keys(init_key, config.num_seeds, n_devices), (1, len(members), 1))

@@ -26,6 +26,7 @@ from helpers import (
     compiled,
     host,
     np_ppo_loss,
+    quick_compile,
     random_batch,
     run_keys,
     tiny,
@@ -244,6 +245,24 @@ def test_compiled_epoch_is_traced_once(n_devices, num_seeds):
     assert jax.tree.map(lambda s: s.weak_type, jax.eval_shape(lambda s: s, state)) == jax.tree.map(
         lambda s: s.weak_type, shapes
     )
+
+
+@pytest.mark.parametrize(
+    "env, lr",
+    [
+        ("CartPole-v1", 2.5e-3),
+        pytest.param("Breakout-MinAtar", 5e-4, marks=pytest.mark.slow),  # the conv torso
+    ],
+)
+def test_lr_unset_is_the_learning_rate_of_the_torso(env, lr):
+    """`--lr` unset (the default) trains as the rate the docs give for the network's torso does."""
+    assert tiny(env=env).resolved().lr == lr
+    keys = run_keys(0, 1)
+    states = []
+    for rate in (None, lr):
+        _, init, epoch = quick_compile(make_trainer, tiny(env=env, num_seeds=1, lr=rate), keys)
+        states.append(epoch(init(keys))[0].params)
+    chex.assert_trees_all_equal(*states)
 
 
 @pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])  # Pendulum's reset is weak-typed

@@ -373,6 +373,8 @@ def test_resume_takes_a_lower_learning_rate_after_a_divergence(tmp_path, capsys)
 
     run_dir = tmp_path / "run"
     run.train(ppo_joint.Config(**RUN, out_dir=str(run_dir)), ppo_joint.make_trainer, max_epochs=1)
+    # --lr unset: config.json holds the rate the run used
+    assert json.loads((run_dir / "config.json").read_text())["lr"] == 0.0025
     with pytest.raises(SystemExit) as info:  # the first Adam steps throw the parameters to ~1e30
         run.train(
             cli.parse_config(
@@ -440,7 +442,10 @@ def test_bad_places_and_sizes_are_messages(tmp_path, args, message):
             {"advantage": "td"},
             'config.json sets advantage to "td", not one of "gae", "monte-carlo"',
         ),
-        ({"lr": "delete"}, "config.json lacks lr; add them (this script's defaults: lr: 0.0025)"),
+        (
+            {"gae_lambda": "delete"},
+            "config.json lacks gae_lambda; add them (this script's defaults: gae_lambda: 0.95)",
+        ),
         (
             {"gamma": 5},
             "config.json holds a value this script refuses (--gamma 5.0: use a value in [0, 1]); "
