@@ -39,7 +39,7 @@ class Config(cli.TrainConfig):
     num_minibatches: int = 4
     """minibatches per pass (must divide the per-device batch num_envs / n_devices * num_steps)"""
     lr: float | None = None
-    """Adam learning rate (unset: 5e-4 where the network starts with the convolution, on image
+    """Adam learning rate (unset: 1e-3 where the network starts with the convolution, on image
     observations; else 2.5e-3; docs/decisions.md says why)"""
     gae_lambda: float = 0.95
     """lambda of GAE"""
@@ -102,7 +102,7 @@ class Config(cli.TrainConfig):
             return self
         env, env_params = envs.make_env(self.env)
         conv = nets.uses_conv(self.torso, tuple(env.observation_space(env_params).shape))
-        return dataclasses.replace(self, lr=5e-4 if conv else 2.5e-3)
+        return dataclasses.replace(self, lr=1e-3 if conv else 2.5e-3)
 
 
 # ----------------------------------------------------------------------------

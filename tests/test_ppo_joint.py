@@ -251,7 +251,7 @@ def test_compiled_epoch_is_traced_once(n_devices, num_seeds):
     "env, lr",
     [
         ("CartPole-v1", 2.5e-3),
-        pytest.param("Breakout-MinAtar", 5e-4, marks=pytest.mark.slow),  # the conv torso
+        pytest.param("Breakout-MinAtar", 1e-3, marks=pytest.mark.slow),  # the conv torso
     ],
 )
 def test_lr_unset_is_the_learning_rate_of_the_torso(env, lr):
