@@ -93,9 +93,10 @@ class Config(cli.TrainConfig):
     """Box actions: weight of the penalty on the policy's mean outside the action box, the squared
     distance outside it in half-widths of the box (common/distributions.py): past a bound the
     clipped action no longer moves with the mean, and nothing else pulls it back (0: no penalty)"""
-    normalize_obs: bool = False
+    normalize_obs: bool | None = None
     """normalize observations by their running mean and variance (kept in the runner state, merged
-    over devices, per seed, saved in checkpoints), clipped to +-10"""
+    over devices, per seed, saved in checkpoints), clipped to +-10; unset: on for discrete actions
+    read by dense layers, off for Box actions and images (common/envs.py)"""
     normalize_reward: bool = True
     """divide the learner's rewards by a running std of the discounted return where above 1 (kept
     like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw
@@ -175,6 +176,12 @@ class Config(cli.TrainConfig):
             self.policy_batch_size
             or self.num_envs * self.num_steps // {"a2c": 1, "ppo": 4}[self.loss]
         )
+
+    def resolved(self) -> Config:
+        """--normalize-obs unset: by the action space and the torso."""
+        if self.normalize_obs is not None:
+            return self
+        return dataclasses.replace(self, normalize_obs=envs.normalizes_obs(self.env, self.torso))
 
 
 # ----------------------------------------------------------------------------
@@ -395,6 +402,7 @@ def value_loss(params, batch: Batch, config: Config, value_scale: float):
 # Training
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
+    config = config.resolved()
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     correlation = noise_correlation(config.noise_memory, env_params.max_steps_in_episode)

@@ -72,9 +72,10 @@ class Config(cli.TrainConfig):
     distance outside it in half-widths of the box (common/distributions.py; 0: no penalty, the
     default here, where a mean past a bound is how the policy acts bang-bang; actor_critic and
     reinforce, whose large steps let the mean run out, use 1)"""
-    normalize_obs: bool = False
+    normalize_obs: bool | None = None
     """normalize observations by their running mean and variance (kept in the runner state, merged
-    over devices, per seed, saved in checkpoints), clipped to +-10"""
+    over devices, per seed, saved in checkpoints), clipped to +-10; unset: on for discrete actions
+    read by dense layers, off for Box actions and images (common/envs.py)"""
     normalize_reward: bool = True
     """divide the learner's rewards by a running std of the discounted return where above 1 (kept
     like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw
@@ -97,12 +98,17 @@ class Config(cli.TrainConfig):
         )
 
     def resolved(self) -> Config:
-        """--lr unset: the learning rate of the network's first layers."""
-        if self.lr is not None:  # given, or a traced number inside a program
-            return self
-        env, env_params = envs.make_env(self.env)
-        conv = nets.uses_conv(self.torso, tuple(env.observation_space(env_params).shape))
-        return dataclasses.replace(self, lr=1e-3 if conv else 2.5e-3)
+        """The flags left unset, from the environment's spaces: --lr by the network's first layers,
+        --normalize-obs by the action space and the torso."""
+        config = self
+        if config.lr is None:  # else given, or a traced number inside a program
+            env, env_params = envs.make_env(config.env)
+            conv = nets.uses_conv(config.torso, tuple(env.observation_space(env_params).shape))
+            config = dataclasses.replace(config, lr=1e-3 if conv else 2.5e-3)
+        if config.normalize_obs is None:
+            normalize = envs.normalizes_obs(config.env, config.torso)
+            config = dataclasses.replace(config, normalize_obs=normalize)
+        return config
 
 
 # ----------------------------------------------------------------------------

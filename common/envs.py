@@ -32,7 +32,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from common import cli, devices
+from common import cli, devices, nets
 
 
 # gymnax imports these to render only (its Pong, at import): they load at their first use instead,
@@ -485,6 +485,17 @@ def update_obs_stats(
     delta = mean - stats.mean
     m2 = stats.var * stats.count + var * n + delta**2 * stats.count * n / total
     return ObsStats(mean=stats.mean + delta * n / total, var=m2 / total, count=total)
+
+
+def normalizes_obs(env_id: str, torso: nets.Torso) -> bool:
+    """What `--normalize-obs` left unset means: on where the actions are discrete and dense layers
+    read the observations, off for Box actions and for images read by the convolution
+    (`nets.uses_conv`). docs/decisions.md has the measurements behind it."""
+    from gymnax.environments import spaces
+
+    env, env_params = make_env(env_id)
+    conv = nets.uses_conv(torso, tuple(env.observation_space(env_params).shape))
+    return isinstance(env.action_space(env_params), spaces.Discrete) and not conv
 
 
 def normalize_obs(stats: ObsStats | None, obs: jax.Array) -> jax.Array:

@@ -171,7 +171,7 @@ def test_a_switch_above_0_is_an_input():
 
 BRANCH = "if config.ent_coef > 0:  # a researcher's edit\n"
 PLANTS = {  # where a copy of ppo_joint.py gets the branch: make_trainer's body, or its epoch's
-    "make_trainer": ("    env, env_params = envs.make_env(config.env)\n", "    "),
+    "make_trainer": ("    config = config.resolved()\n", "    "),
     "epoch": ("    def epoch(state: RunnerState):\n", "        "),
 }
 

@@ -231,7 +231,7 @@ def some_observations(name, stats, n=6):
 @pytest.mark.parametrize("name", slow_for(SCRIPTS, "skip_transformer"))
 def test_epochs_with_normalize_obs(name):
     config, trainer, init, epoch = compiled(name, normalize_obs=True)
-    _, plain, plain_init, plain_epoch = compiled(name)
+    _, plain, plain_init, plain_epoch = compiled(name, normalize_obs=False)
     module = SCRIPTS[name][0]
     state = init()
     # one type, flag on or off
@@ -301,7 +301,10 @@ def test_flag_off_holds_no_statistics(name):
         keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, config.n_devices)
         return trainer, jax.eval_shape(devices.map_init(trainer.init), keys)
 
-    (trainer, state), (_, normalized) = initial_shapes(), initial_shapes(normalize_obs=True)
+    (trainer, state), (_, normalized) = (
+        initial_shapes(normalize_obs=False),
+        initial_shapes(normalize_obs=True),
+    )
     assert type(state) is type(normalized) is module.RunnerState and state.obs_stats is None
     assert len(jax.tree.leaves(normalized)) == len(jax.tree.leaves(state)) + len(
         envs.ObsStats._fields
@@ -385,6 +388,30 @@ def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
 def test_flag_on_the_command_line(module):
     assert cli.parse_config(module.Config, ["--normalize-obs"]).normalize_obs is True
     assert cli.parse_config(module.Config, ["--normalize_obs=False"]).normalize_obs is False
-    assert cli.parse_config(module.Config, []).normalize_obs is False
+    assert cli.parse_config(module.Config, []).normalize_obs is None  # unset: resolved() decides
     # its --help text
     assert "running mean and variance" in cli.field_docs(module.Config)["normalize_obs"]
+
+
+# the default torso: the convolution reads Breakout-MinAtar's images, a dense layer
+# skip_transformer's; Pendulum-v1's actions are a Box
+UNSET = {
+    "CartPole-v1": dict.fromkeys(SCRIPTS, True),
+    "Pendulum-v1": dict.fromkeys(SCRIPTS, False),
+    "Breakout-MinAtar": {**dict.fromkeys(SCRIPTS, False), "skip_transformer": True},
+}
+
+
+@pytest.mark.parametrize(
+    "name, env, on", [(n, e, on) for e, by_name in UNSET.items() for n, on in by_name.items()]
+)
+def test_unset_is_on_for_discrete_actions_read_by_dense_layers(name, env, on):
+    """Left unset, the flag is on where the actions are discrete and no convolution reads the
+    observations; the config a run writes says which, and the program is the one the flag given
+    builds."""
+    module = SCRIPTS[name][0]
+    config = config_of(name, env=env)
+    assert config.normalize_obs is None and config.resolved().normalize_obs is on
+    keys = devices.seed_keys(jax.random.PRNGKey(0), config.num_seeds, config.n_devices)
+    state = jax.eval_shape(devices.map_init(module.make_trainer(config).init), keys)
+    assert (state.obs_stats is not None) is on

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import checkpoints, cli, devices, envs, loop, outputs, run
+from common import checkpoints, cli, devices, loop, outputs, run
 from helpers import (
     PPO_RUN,
     RESUME_FLAGS,
@@ -243,7 +243,7 @@ def test_load_agent_acts_as_the_saved_policy(tmp_path, monkeypatch):
             devices.map_init(trainer.init), devices.seed_keys(jax.random.PRNGKey(0), 2, 2)
         ),
     )
-    policy = envs.Policy(params=jax.tree.map(lambda x: x[0, 1], state.params))
+    policy = jax.tree.map(lambda x: x[0, 1], trainer.policy(state))
     np.testing.assert_array_equal(both[1], [int(trainer.act(policy, o, None)) for o in obs])
     with pytest.raises(cli.ConfigError, match="the run has 2 seed"):
         checkpoints.load_agent(run_dir, ppo_joint.Config, ppo_joint.make_trainer, seed=2)
