@@ -96,10 +96,9 @@ class Config(cli.TrainConfig):
     distance outside it in half-widths of the box (common/distributions.py; 0: no penalty, the
     default here, where a mean past a bound is how the policy acts bang-bang; actor_critic and
     reinforce, whose large steps let the mean run out, use 1)"""
-    normalize_obs: bool | None = None
+    normalize_obs: bool = False
     """normalize observations by their running mean and variance (per seed, merged over devices,
-    checkpointed); unset: on for discrete actions read by dense layers, off for Box actions and
-    images (common/envs.py)"""
+    checkpointed)"""
     normalize_reward: bool = True
     """divide the learner's rewards by a running std of the discounted return where above 1 (kept
     like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw
@@ -152,12 +151,6 @@ class Config(cli.TrainConfig):
         cli.require(
             len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
         )
-
-    def resolved(self) -> Config:
-        """--normalize-obs unset: by the action space and the torso."""
-        if self.normalize_obs is not None:
-            return self
-        return dataclasses.replace(self, normalize_obs=envs.normalizes_obs(self.env, self.torso))
 
 
 def policy_net(params: dict, obs: jax.Array, dist, activation: nets.Activation) -> jax.Array:
@@ -367,7 +360,6 @@ def policy_loss(params, obs, actions, weights, mask, log_mu, dist, config: Confi
 
 
 def make_trainer(config: Config) -> run.Trainer:
-    config = config.resolved()
     env, env_params = envs.make_env(config.env)
     dist = make_distribution(env.action_space(env_params), config.std)
     correlation = noise_correlation(config.noise_memory, env_params.max_steps_in_episode)

@@ -63,10 +63,9 @@ class Config(cli.TrainConfig):
     """Box actions: weight of the penalty on the policy's mean outside the action box, the squared
     distance outside it in half-widths of the box (common/distributions.py): past a bound the
     clipped action no longer moves with the mean, and nothing else pulls it back (0: no penalty)"""
-    normalize_obs: bool | None = None
+    normalize_obs: bool = False
     """normalize observations by their running mean and variance (kept in the runner state, merged
-    over devices, per seed, saved in checkpoints), clipped to +-10; unset: on for discrete actions
-    read by dense layers, off for Box actions and images (common/envs.py)"""
+    over devices, per seed, saved in checkpoints), clipped to +-10"""
     normalize_reward: bool = False
     """divide the rewards the returns are summed from by a running std of the discounted return
     where above 1 (kept like --normalize-obs)"""
@@ -80,12 +79,6 @@ class Config(cli.TrainConfig):
             len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
         )
         cli.require_non_negative(self, "noise_memory", "box_coef")
-
-    def resolved(self) -> Config:
-        """--normalize-obs unset: by the action space and the torso."""
-        if self.normalize_obs is not None:
-            return self
-        return dataclasses.replace(self, normalize_obs=envs.normalizes_obs(self.env, self.torso))
 
 
 # ----------------------------------------------------------------------------
@@ -202,7 +195,6 @@ def reinforce_loss(params, batch: Batch, dist, config: Config):
 # Training
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
-    config = config.resolved()
     layout = devices.layout(config)
     cli.require(
         config.batch_size % layout.n_devices == 0 and config.batch_size <= layout.steps_per_epoch,

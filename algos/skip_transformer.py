@@ -90,10 +90,10 @@ class Config(cli.TrainConfig):
     distance outside it in half-widths of the box (common/distributions.py; 0: no penalty, the
     default here, where a mean past a bound is how the policy acts bang-bang; actor_critic and
     reinforce, whose large steps let the mean run out, use 1)"""
-    normalize_obs: bool | None = None
+    normalize_obs: bool = False
     """normalize observations by their running mean and variance, feature by feature (kept in the
     runner state, merged over devices, per seed, saved in checkpoints), clipped to +-10; empty
-    window rows stay 0; unset: on for discrete actions, off for Box actions (common/envs.py)"""
+    window rows stay 0"""
     normalize_reward: bool = True
     """divide the learner's rewards by a running std of the discounted return where above 1 (kept
     like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw
@@ -136,12 +136,6 @@ class Config(cli.TrainConfig):
             0 <= self.eval_depth <= self.n_layers,
             f"--eval-depth {self.eval_depth}: use 1 to --n-layers {self.n_layers}, or 0 for all",
         )
-
-    def resolved(self) -> Config:
-        """--normalize-obs unset: by the action space (a dense layer embeds the observations)."""
-        if self.normalize_obs is not None:
-            return self
-        return dataclasses.replace(self, normalize_obs=envs.normalizes_obs(self.env, "mlp"))
 
 
 # ----------------------------------------------------------------------------
@@ -377,7 +371,6 @@ def ppo_loss(params, batch: Batch, step, rng, dist, config: Config):
 # Training
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
-    config = config.resolved()
     layout = devices.layout(config)
     cli.require(
         layout.rollout_size % config.num_minibatches == 0,
