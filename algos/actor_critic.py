@@ -96,7 +96,8 @@ class Config(cli.TrainConfig):
     normalize_obs: bool | None = None
     """normalize observations by their running mean and variance (kept in the runner state, merged
     over devices, per seed, saved in checkpoints), clipped to +-10; unset: on for discrete actions
-    read by dense layers, off for Box actions and images (common/envs.py)"""
+    read by dense layers, off for Box actions, images and features the space holds in [0, 1]
+    (common/envs.py)"""
     normalize_reward: bool = True
     """divide the learner's rewards by a running std of the discounted return where above 1 (kept
     like --normalize-obs): value targets of order 1 whatever the reward scale (false: raw

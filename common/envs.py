@@ -31,6 +31,7 @@ from typing import Any, Callable, NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from common import cli, devices, nets
 
@@ -489,13 +490,16 @@ def update_obs_stats(
 
 def normalizes_obs(env_id: str, torso: nets.Torso) -> bool:
     """What `--normalize-obs` left unset means: on where the actions are discrete and dense layers
-    read the observations, off for Box actions and for images read by the convolution
-    (`nets.uses_conv`). docs/decisions.md has the measurements behind it."""
+    read the observations, unless the observation space already holds every feature in [0, 1] (the
+    bsuite grids, one-hot states); off for Box actions and for images read by the convolution
+    (`nets.uses_conv`). docs/environments.md says why each case is what it is."""
     from gymnax.environments import spaces
 
     env, env_params = make_env(env_id)
-    conv = nets.uses_conv(torso, tuple(env.observation_space(env_params).shape))
-    return isinstance(env.action_space(env_params), spaces.Discrete) and not conv
+    space = env.observation_space(env_params)
+    conv = nets.uses_conv(torso, tuple(space.shape))
+    unit = bool(np.all(np.asarray(space.low) >= 0) and np.all(np.asarray(space.high) <= 1))
+    return isinstance(env.action_space(env_params), spaces.Discrete) and not conv and not unit
 
 
 def normalize_obs(stats: ObsStats | None, obs: jax.Array) -> jax.Array:

@@ -385,7 +385,13 @@ def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
 # the scripts that leave the flag unset by default, and what it resolves to: the default torso
 # convolves Breakout-MinAtar's images; Pendulum-v1's actions are a Box
 UNSET_BY = (ppo_joint, actor_critic)
-UNSET = {"CartPole-v1": True, "Pendulum-v1": False, "Breakout-MinAtar": False}
+# discrete actions, dense layers; Box actions; an image read by the convolution; a grid of 0 and 1
+UNSET = {
+    "CartPole-v1": True,
+    "Pendulum-v1": False,
+    "Breakout-MinAtar": False,
+    "DeepSea-bsuite": False,
+}
 
 
 @pytest.mark.parametrize(
@@ -405,8 +411,8 @@ def test_flag_on_the_command_line(module):
 @pytest.mark.parametrize("name", ["ppo_joint", "actor_critic"])
 @pytest.mark.parametrize("env, on", UNSET.items())
 def test_unset_is_on_for_discrete_actions_read_by_dense_layers(name, env, on):
-    """Left unset, the flag is on where the actions are discrete and no convolution reads the
-    observations; the config a run writes says which, and the program is the one the flag given
+    """Left unset, the flag is on where the actions are discrete, no convolution reads the
+    observations and the space does not already hold them in [0, 1]; the config a run writes says which, and the program is the one the flag given
     builds."""
     module = SCRIPTS[name][0]
     config = config_of(name, env=env)

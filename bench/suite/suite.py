@@ -40,7 +40,9 @@ FIGURES = ROOT / "docs" / "results"  # a PNG per task
 TASKS = {
     "CartPole-v1": (150_000, 500.0, 475.0),
     "Acrobot-v1": (500_000, -80.0, -100.0),
-    "MountainCar-v0": (250_000, -118.0, -118.0),
+    # gymnax's -118 was reached at 240k; the policy-gradient scripts reach it on every seed at 500k
+    # (at 250k 13 to 15 seeds of 16: docs/decisions.md)
+    "MountainCar-v0": (500_000, -118.0, -118.0),
     "Catch-bsuite": (100_000, 1.0, 1.0),
     # the goal: the optimum, 1 less the cost of the moves right
     "DeepSea-bsuite": (150_000, 0.0, 0.99),
