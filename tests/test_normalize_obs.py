@@ -382,10 +382,10 @@ def test_train_checkpoints_the_statistics_and_resumes(tmp_path):
     np.testing.assert_array_equal(act(obs), by_hand)
 
 
-# the scripts that leave the flag unset by default, and what it resolves to: the default torso
-# convolves Breakout-MinAtar's images; Pendulum-v1's actions are a Box
+# the scripts that leave the flag unset by default
 UNSET_BY = (ppo_joint, actor_critic)
-# discrete actions, dense layers; Box actions; an image read by the convolution; a grid of 0 and 1
+# what it resolves to: discrete actions read by dense layers; Box actions; an image the default
+# torso convolves; a grid of 0 and 1
 UNSET = {
     "CartPole-v1": True,
     "Pendulum-v1": False,
@@ -412,8 +412,8 @@ def test_flag_on_the_command_line(module):
 @pytest.mark.parametrize("env, on", UNSET.items())
 def test_unset_is_on_for_discrete_actions_read_by_dense_layers(name, env, on):
     """Left unset, the flag is on where the actions are discrete, no convolution reads the
-    observations and the space does not already hold them in [0, 1]; the config a run writes says which, and the program is the one the flag given
-    builds."""
+    observations and the space does not already hold them in [0, 1]; the config a run writes says
+    which, and the program is the one the flag given builds."""
     module = SCRIPTS[name][0]
     config = config_of(name, env=env)
     assert config.normalize_obs is None and config.resolved().normalize_obs is on
