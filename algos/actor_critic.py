@@ -179,7 +179,7 @@ class Config(cli.TrainConfig):
         )
 
     def resolved(self) -> Config:
-        """--normalize-obs unset: by the action space and the torso."""
+        """--normalize-obs unset: from the spaces and the torso (`envs.normalizes_obs`)."""
         if self.normalize_obs is not None:
             return self
         return dataclasses.replace(self, normalize_obs=envs.normalizes_obs(self.env, self.torso))

@@ -100,7 +100,7 @@ class Config(cli.TrainConfig):
 
     def resolved(self) -> Config:
         """The flags left unset, from the environment's spaces: --lr by the network's first layers,
-        --normalize-obs by the action space and the torso."""
+        --normalize-obs by the spaces and the torso (`envs.normalizes_obs`)."""
         config = self
         if config.lr is None:  # else given, or a traced number inside a program
             env, env_params = envs.make_env(config.env)
