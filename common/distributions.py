@@ -28,13 +28,17 @@ policy gradient, taken on the unclipped sample, lets it drift on. A script's
 policy loss adds `--box-coef` times `outside_box`, the squared distance of the
 mean outside the box in half-widths of the box: zero inside the box, a pull
 back from outside it (on by default in actor_critic and reinforce).
+
+distrax (and TensorFlow Probability under it, about half a second of imports)
+loads at the first trace of a log-prob or an entropy, not with this module: a
+run whose programs were stored by an earlier one (`common/executables.py`)
+traces none, and never loads it.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,12 +63,14 @@ class Categorical:
         return features @ params["w"] + params["b"]
 
     def _dist(self, inputs):
+        import distrax  # at the first trace (module docstring)
+
         return distrax.Categorical(logits=inputs)
 
     def sample(self, inputs, key, temperature: float = 1.0):
         if temperature == 0.0:
             return self.mode(inputs)
-        return distrax.Categorical(logits=inputs / temperature).sample(seed=key)
+        return self._dist(inputs / temperature).sample(seed=key)
 
     def log_prob(self, inputs, actions):
         return self._dist(inputs).log_prob(actions)
@@ -121,6 +127,8 @@ class DiagonalGaussian:
         return mean, jnp.clip(log_std, -20.0, 2.0)
 
     def _dist(self, inputs):
+        import distrax  # at the first trace (module docstring)
+
         mean, log_std = self._split(inputs)
         return distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))
 

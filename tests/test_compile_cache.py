@@ -9,8 +9,8 @@ run that differs in a flag its programs hold as a constant (a static float, a
 boolean) stores programs of its own and gives other metrics; one that differs
 only in input floats loads the first run's programs, compiles nothing, still
 gives other metrics, and ends with the parameters of a run without the cache, bit
-for bit. A damaged entry is compiled again. The key and the store's bound are
-checked in this process.
+for bit. A run on loaded programs never imports distrax. A damaged entry is
+compiled again. The key and the store's bound are checked in this process.
 """
 
 import json
@@ -91,6 +91,30 @@ def test_a_run_that_differs_in_input_floats_compiles_nothing(tmp_path):
     assert with_cache.keys() == without.keys()
     for k in with_cache:
         np.testing.assert_array_equal(with_cache[k], without[k], err_msg=k)
+
+
+@pytest.mark.slow  # 2 runs: about 15 s on 2 cores
+def test_a_run_on_stored_programs_never_imports_distrax(tmp_path):
+    """distrax, and TensorFlow Probability under it, load at the first trace of a log-prob
+    (common/distributions.py): a run that loads its programs traces none and skips those imports."""
+
+    def imported(name: str) -> set:
+        out = run_script(
+            "ppo_joint",
+            *PPO_TINY,
+            "--out-dir",
+            tmp_path / name,
+            cwd=tmp_path,
+            XDG_CACHE_HOME=str(tmp_path / "cache"),
+            PYTHONPROFILEIMPORTTIME="1",
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        lines = out.stderr.splitlines()
+        return {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+
+    cold, warm = imported("cold"), imported("warm")
+    assert {"distrax", "tensorflow_probability"} <= cold
+    assert "jax" in warm and not {"distrax", "tensorflow_probability"} & warm
 
 
 @pytest.mark.slow  # 7 runs: about a minute on 2 cores
