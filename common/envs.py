@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib.machinery
 import importlib.util
 import math
 import os
@@ -36,26 +37,57 @@ import numpy as np
 from common import cli, devices, nets
 
 
-# gymnax imports these to render only (its Pong, at import): they load at their first use instead,
-# which takes ~0.7 s off the start of every run
-RENDERING_ONLY = ("seaborn", "matplotlib.pyplot")
+# gymnax imports these to render only (its Pong, Catch, FourRooms, MetaMaze and PointRobot, at
+# import): they load at their first use instead, which takes ~0.4 s off the start of every run
+RENDERING_ONLY = ("seaborn", "matplotlib", "matplotlib.pyplot", "matplotlib.colors")
 
 
 class Deferred(types.ModuleType):
     """Stands in `sys.modules` for a module until its first attribute use, which imports the
-    module."""
+    module. It carries the module's spec and, for a package, its path, so that the import system
+    can find the package's submodules without loading it; a deferred package hands out its deferred
+    submodules as they are (`import a.b as c` and `from a import b` read `b` as an attribute of
+    `a`)."""
+
+    def __init__(self, spec):
+        super().__init__(spec.name)
+        self.__spec__ = spec
+        if spec.submodule_search_locations is not None:
+            self.__path__ = list(spec.submodule_search_locations)
 
     def __getattr__(self, attr: str):
+        submodule = sys.modules.get(f"{self.__name__}.{attr}")
+        if isinstance(submodule, Deferred):
+            return submodule
+        return getattr(self._load(), attr)
+
+    def _load(self) -> types.ModuleType:
+        """Imports the module, its package first as a plain import would, and takes its
+        attributes."""
+        package = sys.modules.get(self.__name__.rpartition(".")[0])
+        if isinstance(package, Deferred):
+            package._load()
         if sys.modules.get(self.__name__) is self:
             del sys.modules[self.__name__]
-        self.__dict__.update(vars(importlib.import_module(self.__name__)))
-        return getattr(sys.modules[self.__name__], attr)
+        module = importlib.import_module(self.__name__)
+        self.__dict__.update(vars(module))
+        return module
 
 
 def defer_rendering_imports() -> None:
+    """Puts a `Deferred` in `sys.modules` for each of `RENDERING_ONLY` whose package is installed
+    and not imported yet."""
+    packages = {name.partition(".")[0] for name in RENDERING_ONLY}
+    # a submodule's spec imports its package: the packages' specs first, then their submodules'
+    # from their paths
+    specs = {p: importlib.util.find_spec(p) for p in packages if p not in sys.modules}
     for name in RENDERING_ONLY:
-        if name not in sys.modules and importlib.util.find_spec(name) is not None:
-            sys.modules[name] = Deferred(name)
+        package, _, submodule = name.partition(".")
+        spec = specs.get(package)
+        if spec is not None and submodule:
+            spec = importlib.machinery.PathFinder.find_spec(name, spec.submodule_search_locations)
+        if spec is not None:
+            sys.modules[name] = Deferred(spec)
 
 
 @functools.cache

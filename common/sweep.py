@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from common import cli, devices
 
@@ -82,12 +83,13 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any
     trainer = make_trainer(config)
     members = cli.sweep_members(config)
     keys = jnp.tile(devices.seed_keys(init_key, config.num_seeds, n_devices), (1, len(members), 1))
-    # each member's values as its config holds them (a script may set a flag's 0 to its default)
+    # each member's values as its config holds them (a script may set a flag's 0 to its default);
+    # numpy arrays: jnp operations here would each be a small program to compile or load
     member_configs = [dataclasses.replace(config, sweep=(), **m) for m in members]
     values = {
-        name: jnp.broadcast_to(
-            jnp.repeat(
-                jnp.asarray([getattr(c, name) for c in member_configs], jnp.float32),
+        name: np.broadcast_to(
+            np.repeat(
+                np.asarray([getattr(c, name) for c in member_configs], np.float32),
                 config.num_seeds,
             ),
             keys.shape[:2],

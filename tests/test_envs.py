@@ -186,14 +186,25 @@ def test_an_unknown_id_suggests_cartpole_without_velocities(env_id):
 
 
 def test_gymnax_rendering_modules_load_at_their_first_use():
-    """make_env imports gymnax without seaborn (its Pong's renderer); the first use of seaborn
-    imports it."""
-    code = (
-        "import sys; from common import envs; envs.make_env('CartPole-v1'); assert 'scipy' not in "
-        "sys.modules and type(sys.modules['seaborn']).__name__ == 'Deferred'; from "
-        "gymnax.environments.misc import pong; assert len(pong.sns.color_palette('cubehelix', 3)) "
-        "== 3; assert type(sys.modules['seaborn']).__name__ == 'module' and pong.plt.figure"
-    )
+    """make_env imports gymnax without seaborn and matplotlib (its renderers'); their first use
+    imports them, in any order, and they work as if imported plainly."""
+    code = """
+import importlib.util, sys
+from common import envs
+envs.make_env('CartPole-v1')
+loaded = [m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'seaborn', 'scipy', 'PIL')]
+assert all(type(sys.modules[m]).__name__ == 'Deferred' for m in loaded), loaded
+assert importlib.util.find_spec('matplotlib.pyplot').name == 'matplotlib.pyplot'
+from gymnax.environments.misc import pong
+assert len(pong.sns.color_palette('cubehelix', 3)) == 3  # seaborn, then matplotlib under it
+assert type(sys.modules['seaborn']).__name__ == 'module'
+assert pong.colors.ListedColormap is sys.modules['matplotlib.colors'].ListedColormap
+import matplotlib.pyplot as plt
+figure, axes = plt.subplots()
+axes.plot([0, 1])
+figure.canvas.draw()
+assert pong.plt.figure is sys.modules['matplotlib.pyplot'].figure
+"""
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
