@@ -80,7 +80,7 @@ class Config(cli.TrainConfig):
     """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers
     (image observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for
     images, else mlp"""
-    hidden: tuple[int, ...] = (64, 64)
+    hidden: tuple[int, ...] = (128, 128)
     """body layer widths"""
     activation: nets.Activation = "relu"
     """body activation"""

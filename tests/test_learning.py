@@ -21,7 +21,7 @@ SHORT = [  # script, flags, budget, what every seed must reach
     ("awr", {}, 49_152, 400),
     ("awr", dict(q_value=True, n_samples=4), 40_960, 400),  # the headline command
     ("reinforce", dict(baseline=True), 122_880, 300),
-    ("dqn_value", {}, 30_000, 150),
+    ("dqn_value", {}, 12_000, 150),
     ("skip_transformer", {}, 24_576, 400),
 ]
 

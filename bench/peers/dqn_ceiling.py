@@ -33,7 +33,7 @@ def parse_args():
     )
     p.add_argument("--env", default="SpaceInvaders-MinAtar")
     p.add_argument("--torso", choices=["mlp", "conv"], default="conv")
-    p.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
+    p.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
     p.add_argument("--num-seeds", type=int, default=4)
     p.add_argument("--update-steps", type=int, default=50, help="gradient steps per epoch")
     p.add_argument("--batch-size", type=int, default=100)
