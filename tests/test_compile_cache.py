@@ -15,6 +15,7 @@ compiled again. The key and the store's bound are checked in this process.
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import jax
@@ -40,16 +41,22 @@ LOADED = "programs of an earlier run loaded in"
 
 
 def run_metrics(
-    cache: Path, out_dir: Path, *flags, script: str = "skip_transformer"
-) -> tuple[list[dict], str]:
-    """metrics.jsonl of a run of `script` with `flags`, without `sps` (a timing), and its
-    stdout."""
+    cache: Path, out_dir: Path, *flags, script: str = "skip_transformer", **env
+) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """metrics.jsonl of a run of `script` with `flags` (and environment variables `env`), without
+    `sps` (a timing), and the finished process."""
     out = run_script(
-        script, *flags, "--out-dir", out_dir, cwd=out_dir.parent, XDG_CACHE_HOME=str(cache)
+        script, *flags, "--out-dir", out_dir, cwd=out_dir.parent, XDG_CACHE_HOME=str(cache), **env
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in line.items() if k != "sps"} for line in lines], out.stdout
+    return [{k: v for k, v in line.items() if k != "sps"} for line in lines], out
+
+
+def imported(out: subprocess.CompletedProcess) -> set:
+    """The modules a process run with PYTHONPROFILEIMPORTTIME=1 imported."""
+    lines = out.stderr.splitlines()
+    return {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
 
 
 def stored(cache: Path) -> set:
@@ -63,23 +70,29 @@ def checkpoint(out_dir: Path) -> dict:
         return {k: data[k] for k in data.files}
 
 
-@pytest.mark.slow  # 4 runs: about 30 s on 2 cores
+@pytest.mark.slow  # 4 runs: about 25 s on 2 cores
 def test_a_run_that_differs_in_input_floats_compiles_nothing(tmp_path):
     """ppo_joint: --lr 1e-3, then --lr 3e-3 (and other input floats): the first run's programs,
     nothing compiled, other metrics; the parameters equal those of a --no-compile-cache run of the
-    same flags, bit for bit."""
+    same flags, bit for bit. distrax, and TensorFlow Probability under it, load at the first trace
+    of a log-prob (common/distributions.py): the first run imports them, a run on loaded programs
+    traces nothing and does not."""
     cache = tmp_path / "cache"
     jax_entries = lambda: set((cache / "jtrax" / "jax").iterdir())  # noqa: E731
-    base, out = run_metrics(cache, tmp_path / "base", *PPO_TINY, "--lr", "1e-3", script="ppo_joint")
-    assert LOADED not in out and len(stored(cache)) == 1
+    profile = dict(script="ppo_joint", PYTHONPROFILEIMPORTTIME="1")
+    base, out = run_metrics(cache, tmp_path / "base", *PPO_TINY, "--lr", "1e-3", **profile)
+    assert LOADED not in out.stdout and len(stored(cache)) == 1
+    assert {"distrax", "tensorflow_probability"} <= imported(out)
     cached, programs = jax_entries(), stored(cache)
     for flags in (
         ["--lr", "3e-3"],
         ["--lr", "1e-3", "--gamma", "0.9", "--clip-eps", "0.1", "--max-grad-norm", "0.1"],
     ):
         name = "_".join(flags).replace("-", "")
-        other, out = run_metrics(cache, tmp_path / name, *PPO_TINY, *flags, script="ppo_joint")
-        assert LOADED in out and stored(cache) == programs, f"{flags}: programs of its own"
+        other, out = run_metrics(cache, tmp_path / name, *PPO_TINY, *flags, **profile)
+        assert LOADED in out.stdout and stored(cache) == programs, f"{flags}: programs of its own"
+        assert "jax" in imported(out), "no import profile"
+        assert not {"distrax", "tensorflow_probability"} & imported(out), f"{flags}: distrax"
         assert jax_entries() == cached, f"{flags}: compiled programs of its own"
         assert other[-1]["loss/joint"] != base[-1]["loss/joint"], (
             f"{flags}: the same metrics as --lr 1e-3"
@@ -93,44 +106,20 @@ def test_a_run_that_differs_in_input_floats_compiles_nothing(tmp_path):
         np.testing.assert_array_equal(with_cache[k], without[k], err_msg=k)
 
 
-@pytest.mark.slow  # 2 runs: about 15 s on 2 cores
-def test_a_run_on_stored_programs_never_imports_distrax(tmp_path):
-    """distrax, and TensorFlow Probability under it, load at the first trace of a log-prob
-    (common/distributions.py): a run that loads its programs traces none and skips those imports."""
-
-    def imported(name: str) -> set:
-        out = run_script(
-            "ppo_joint",
-            *PPO_TINY,
-            "--out-dir",
-            tmp_path / name,
-            cwd=tmp_path,
-            XDG_CACHE_HOME=str(tmp_path / "cache"),
-            PYTHONPROFILEIMPORTTIME="1",
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        lines = out.stderr.splitlines()
-        return {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
-
-    cold, warm = imported("cold"), imported("warm")
-    assert {"distrax", "tensorflow_probability"} <= cold
-    assert "jax" in warm and not {"distrax", "tensorflow_probability"} & warm
-
-
 @pytest.mark.slow  # 7 runs: about a minute on 2 cores
 def test_runs_that_differ_in_one_flag_never_share_programs(tmp_path):
     cache = tmp_path / "cache"
     base, out = run_metrics(cache, tmp_path / "base", *PPO_TINY, script="ppo_joint")
     programs = stored(cache)
-    assert len(programs) == 1 and LOADED not in out, "the first run stored no programs"
+    assert len(programs) == 1 and LOADED not in out.stdout, "the first run stored no programs"
     # the same programs, loaded whole
     again, out = run_metrics(cache, tmp_path / "again", *PPO_TINY, script="ppo_joint")
-    assert again == base and LOADED in out and stored(cache) == programs
+    assert again == base and LOADED in out.stdout and stored(cache) == programs
     # a damaged entry: compiled again, the same metrics, the entry written anew
     [entry] = (cache / "jtrax" / "programs").glob("*.pkl")
     entry.write_bytes(entry.read_bytes()[:1000])
     fixed, out = run_metrics(cache, tmp_path / "damaged", *PPO_TINY, script="ppo_joint")
-    assert fixed == base and LOADED not in out and stored(cache) == programs
+    assert fixed == base and LOADED not in out.stdout and stored(cache) == programs
     assert entry.stat().st_size > 1000
     for flags in (
         ["--max-grad-norm", "0"],  # a switch at 0: a program without clipping
@@ -138,7 +127,9 @@ def test_runs_that_differ_in_one_flag_never_share_programs(tmp_path):
     ):
         name = "_".join(flags).replace("-", "")
         other, out = run_metrics(cache, tmp_path / name, *PPO_TINY, *flags, script="ppo_joint")
-        assert LOADED not in out and stored(cache) > programs, f"{flags}: no programs of its own"
+        assert LOADED not in out.stdout and stored(cache) > programs, (
+            f"{flags}: no programs of its own"
+        )
         programs = stored(cache)
         differ = [k for k in base[-1] if other[-1][k] != base[-1][k]]
         assert differ, f"{flags}: the same metrics as the defaults"
@@ -149,7 +140,9 @@ def test_runs_that_differ_in_one_flag_never_share_programs(tmp_path):
         runs[fraction], out = run_metrics(
             cache, tmp_path / fraction, *TINY, "--skip-fraction", fraction
         )
-        assert LOADED not in out and stored(cache) > programs, f"{fraction}: no programs of its own"
+        assert LOADED not in out.stdout and stored(cache) > programs, (
+            f"{fraction}: no programs of its own"
+        )
         programs = stored(cache)
     assert [line["epoch"] for line in runs["0.4"]] == [line["epoch"] for line in runs["0.5"]]
     differ = [k for k in runs["0.4"][-1] if runs["0.5"][-1][k] != runs["0.4"][-1][k]]
