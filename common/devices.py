@@ -4,8 +4,15 @@ Every runner-state leaf carries two leading axes: `[n_devices, num_seeds, ...]`.
 Seeds are independent runs; the devices of one seed split its environments and
 average their gradients over the named axis `DEVICE_AXIS`. `map_epoch`
 maps a per-(device, seed) function over both axes: `jax.pmap` over devices
-when there are several, otherwise `jax.jit` of a `vmap` that carries the same
-axis name, so one code path (with `lax.pmean`) serves both.
+when there are several, otherwise `jax.jit` of a `shard_map` over the one
+device, which names the same axis, so one code path (with `lax.pmean`) serves
+both.
+
+An axis of size one is not batched: the function of one run (one seed, no
+sweep) sees its arguments without the runs axis (`over_runs`), and that of one
+device without the device axis (`over_devices`); the arrays keep both axes
+outside the function. A `vmap` of size one would compute the same, and make
+XLA compile the program about a third longer.
 
 Several hosts (`init_distributed`, JAX's own distributed runtime) train ONE
 run: the `pmap` spans every device of every host, each host holding its own
@@ -16,6 +23,7 @@ per host.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -26,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import PartitionSpec as P
 
 from common import cli
 
@@ -180,7 +189,7 @@ def device_key(key: jax.Array) -> jax.Array:
     """`key` made distinct per device (call inside `map_init` or `map_epoch`).
 
     Folds in the device's index on `DEVICE_AXIS` (local to the host under
-    `map_init`'s vmap, across all hosts under a multi-host `pmap`) and, on
+    `map_init`, across all hosts under a multi-host `pmap`) and, on
     several hosts, the host's index, so no two devices of the run share a key.
     """
     key = jax.random.fold_in(key, jax.lax.axis_index(DEVICE_AXIS))
@@ -191,11 +200,18 @@ def map_init(fn):
     """Maps `fn(key, ...)` over `[n_devices, num_seeds]` keys (and values) on ONE device, ready to
     compile.
 
-    The device axis is a `vmap` carrying `DEVICE_AXIS` (so `device_key` works);
-    the epoch's `pmap` then spreads the state over the devices. Initialise
-    weights with `orthogonal`, not `jax.nn.initializers.orthogonal` (see there).
+    The device axis carries `DEVICE_AXIS` (so `device_key` works), as a `vmap`
+    when there are several devices: the epoch's `pmap` then spreads the state
+    over them. Initialise weights with `orthogonal`, not
+    `jax.nn.initializers.orthogonal` (see there).
     """
-    return jax.jit(jax.vmap(jax.vmap(fn), axis_name=DEVICE_AXIS))
+
+    @functools.wraps(fn)
+    def init(keys, *values):
+        in_axes = (0,) * (1 + len(values))
+        return over_devices(over_runs(fn, in_axes), in_axes, keys.shape[0])(keys, *values)
+
+    return jax.jit(init)
 
 
 def map_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0, n_mapped: int = 1):
@@ -206,15 +222,56 @@ def map_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0, n_mapp
     for every device and seed. With `donate`, the input state's buffers are reused.
     """
     in_axes = (0,) * n_mapped + (None,) * n_shared
-    per_device = jax.vmap(fn, in_axes)
+    per_device = over_runs(fn, in_axes)
     donate_argnums = (0,) if donate else ()
     if n_devices > 1 or jax.process_count() > 1:
         return jax.pmap(
             per_device, axis_name=DEVICE_AXIS, in_axes=in_axes, donate_argnums=donate_argnums
         )
-    return jax.jit(
-        jax.vmap(per_device, in_axes, axis_name=DEVICE_AXIS), donate_argnums=donate_argnums
+    return jax.jit(over_devices(per_device, in_axes, 1), donate_argnums=donate_argnums)
+
+
+def over_runs(fn, in_axes: tuple):
+    """`jax.vmap(fn, in_axes)` over the runs (seeds, and sweep members) of the arguments' leading
+    axis; for one run, `fn` on the arguments without that axis, which its outputs get back."""
+
+    @functools.wraps(fn)
+    def mapped(*args):
+        leaf = jax.tree.leaves([a for a, axis in zip(args, in_axes) if axis == 0])[0]
+        if leaf.shape[0] > 1:
+            return jax.vmap(fn, in_axes)(*args)
+        return _with_axis(fn(*_without_axis(args, in_axes)))
+
+    return mapped
+
+
+def over_devices(fn, in_axes: tuple, n_devices: int):
+    """`fn` mapped over the device axis of `n_devices` on one device, with `DEVICE_AXIS` named: a
+    `vmap`, or for one device a `shard_map` of that device on the arguments without the axis."""
+    if n_devices > 1:
+        return jax.vmap(fn, in_axes, axis_name=DEVICE_AXIS)
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:1]), (DEVICE_AXIS,))
+    specs = tuple(P(DEVICE_AXIS) if axis == 0 else P() for axis in in_axes)
+
+    @functools.wraps(fn)
+    def on_one(*args):
+        return _with_axis(fn(*_without_axis(args, in_axes)))
+
+    return jax.shard_map(
+        on_one,
+        mesh=mesh,
+        in_specs=specs,
+        out_specs=P(DEVICE_AXIS),
+        check_vma=False,  # collectives over one device: the values are their own sums
     )
+
+
+def _without_axis(args: tuple, in_axes: tuple) -> list:
+    return [jax.tree.map(lambda x: x[0], a) if axis == 0 else a for a, axis in zip(args, in_axes)]
+
+
+def _with_axis(tree):
+    return jax.tree.map(lambda x: x[None], tree)
 
 
 def gather(tree):

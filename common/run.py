@@ -395,10 +395,11 @@ def build_programs(setup: Setup, k: int) -> tuple:
         else env.observation_space(trainer.env_params).shape
     )
     images = len(raw_shape) >= 3
-    act = jax.vmap(
+    act = devices.over_runs(
         lambda params, key: envs.evaluate(
             trainer.env, trainer.env_params, trainer.act, params, key, config.eval_episodes
-        )
+        ),
+        (0, 0),
     )
 
     # of every run (a named function names its program in profiles)

@@ -15,8 +15,8 @@ at step 0 every layer runs. In eval mode every layer runs, or the first
 Skipping saves compute only if the `lax.cond` predicate is unbatched: under
 `vmap` a batched predicate turns the cond into a select that runs both
 branches. So the draw is ONE number for every vmapped copy (the seeds of a
-run, and the device axis of the one-device path): `first_copy` keeps the first
-copy's value and drops the batch axis, and every copy runs the same layers.
+run): `first_copy` keeps the first copy's value and drops the batch axis, and
+every copy runs the same layers.
 Under `pmap` each device draws for itself: give it a key that is the same on
 every device (not folded with the device index), and every device runs the
 same depth.

@@ -183,8 +183,8 @@ def test_value_metrics_count_every_devices_batch(name):
     module = importlib.import_module(f"algos.{name}")
     trainer = module.make_trainer(module.Config(n_devices=1, num_seeds=2, **SMALL[name]))
     one = devices.map_init(trainer.init)(devices.seed_keys(jax.random.PRNGKey(0), 2, 1))
-    # [2, seeds, ...]: device 1 a copy of device 0
-    two = jax.tree.map(lambda x: jnp.concatenate([x, x]), one)
+    # [2, seeds, ...]: device 1 a copy of device 0 (on the host: `one` is placed for one device)
+    two = jax.tree.map(lambda x: np.concatenate([x, x]), jax.device_get(one))
     quick = lambda fn, state: fn.lower(state).compile(run.FAST_COMPILE)(state)  # noqa: E731
     _, on_one = quick(devices.map_epoch(trainer.epoch, 1, donate=False), one)
     _, on_two = quick(devices.map_epoch(trainer.epoch, 2, donate=False), two)
