@@ -233,45 +233,44 @@ def map_epoch(fn, n_devices: int, donate: bool = True, n_shared: int = 0, n_mapp
 
 def over_runs(fn, in_axes: tuple):
     """`jax.vmap(fn, in_axes)` over the runs (seeds, and sweep members) of the arguments' leading
-    axis; for one run, `fn` on the arguments without that axis, which its outputs get back."""
+    axis; for one run, `without_axis(fn, in_axes)`."""
 
     @functools.wraps(fn)
     def mapped(*args):
         leaf = jax.tree.leaves([a for a, axis in zip(args, in_axes) if axis == 0])[0]
-        if leaf.shape[0] > 1:
-            return jax.vmap(fn, in_axes)(*args)
-        return _with_axis(fn(*_without_axis(args, in_axes)))
+        one_run = leaf.shape[0] == 1
+        return (without_axis(fn, in_axes) if one_run else jax.vmap(fn, in_axes))(*args)
 
     return mapped
 
 
 def over_devices(fn, in_axes: tuple, n_devices: int):
     """`fn` mapped over the device axis of `n_devices` on one device, with `DEVICE_AXIS` named: a
-    `vmap`, or for one device a `shard_map` of that device on the arguments without the axis."""
+    `vmap`, or for one device `without_axis(fn, in_axes)` under a `shard_map` of that device."""
     if n_devices > 1:
         return jax.vmap(fn, in_axes, axis_name=DEVICE_AXIS)
     mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:1]), (DEVICE_AXIS,))
-    specs = tuple(P(DEVICE_AXIS) if axis == 0 else P() for axis in in_axes)
-
-    @functools.wraps(fn)
-    def on_one(*args):
-        return _with_axis(fn(*_without_axis(args, in_axes)))
-
     return jax.shard_map(
-        on_one,
+        without_axis(fn, in_axes),
         mesh=mesh,
-        in_specs=specs,
+        in_specs=tuple(P(DEVICE_AXIS) if axis == 0 else P() for axis in in_axes),
         out_specs=P(DEVICE_AXIS),
         check_vma=False,  # collectives over one device: the values are their own sums
     )
 
 
-def _without_axis(args: tuple, in_axes: tuple) -> list:
-    return [jax.tree.map(lambda x: x[0], a) if axis == 0 else a for a, axis in zip(args, in_axes)]
+def without_axis(fn, in_axes: tuple):
+    """`fn` on its mapped arguments (`in_axes` 0) without their leading axis of size one; its
+    outputs get the axis back."""
 
+    @functools.wraps(fn)
+    def one(*args):
+        args = [
+            jax.tree.map(lambda x: x[0], a) if axis == 0 else a for a, axis in zip(args, in_axes)
+        ]
+        return jax.tree.map(lambda x: x[None], fn(*args))
 
-def _with_axis(tree):
-    return jax.tree.map(lambda x: x[None], tree)
+    return one
 
 
 def gather(tree):
