@@ -577,8 +577,8 @@ def evaluate_depths(config: Config, run_dir: Path) -> dict:
 
     The program and episodes of run.train's final evaluation, one per depth (full depth: the same
     numbers)."""
-    _, n_devices, rng = devices.init_host_and_devices(config.n_devices or None, config.seed)
-    _, eval_key = jax.random.split(rng)  # as run.train splits it
+    _, n_devices, seed = devices.init_host_and_devices(config.n_devices or None, config.seed)
+    _, eval_key = sweep.run_keys(sweep.seed_input(seed), config, n_devices)  # as run.train's
     # the checkpoint holds every host's devices, as run.train splits the run
     n_devices *= jax.process_count()
     trainer, policy, epoch = checkpoints.load_policy(run_dir, config, make_trainer, n_devices)

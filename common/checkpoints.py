@@ -267,12 +267,9 @@ def resume(run_dir: Path, template, hosts: int):
 def load_policy(run_dir: Path, config, make_trainer: Callable, n_devices: int):
     """`(trainer, policy, epoch)` of a saved run's newest checkpoint: `make_trainer(config)` for the
     run's `n_devices` (every host's) and every run's policy as device 0 holds it, `[runs, ...]`."""
-    trainer, keys, values = sweep.build(
-        dataclasses.replace(config, n_devices=n_devices),
-        make_trainer,
-        n_devices,
-        jax.random.PRNGKey(0),  # the keys' shapes make the template; their values do not matter
-    )
+    config = dataclasses.replace(config, n_devices=n_devices)
+    trainer, values = sweep.build(config, make_trainer, n_devices)
+    keys, _ = jax.eval_shape(lambda: sweep.run_keys(0, config, n_devices))
     template = jax.eval_shape(devices.map_init(trainer.init), keys, values)
     state, epoch = load(latest(run_dir / "checkpoints"), template)
     return trainer, devices.unreplicate(trainer.policy(state)), epoch

@@ -131,7 +131,7 @@ def _wait_for_port(host: str, port: int, coordinator: str, timeout_s: float) -> 
 class Host(NamedTuple):
     is_chief: bool  # process 0: it alone writes
     n_devices: int  # this host's devices in the run
-    rng: jax.Array  # the run's key, the same on every host
+    seed: int  # the run's seed, the same on every host (`sweep.run_keys` makes its keys)
 
 
 def init_host_and_devices(n_devices: int | None = None, random_seed: int | None = None) -> Host:
@@ -139,7 +139,7 @@ def init_host_and_devices(n_devices: int | None = None, random_seed: int | None 
 
     `n_devices` defaults to every local device; more than exist is an error, and
     so is fewer on several hosts (the `pmap` spans every device of every host).
-    `rng` is the same on every host (parameters must start equal); `device_key`
+    `seed` is the same on every host (parameters must start equal); `device_key`
     tells hosts apart. Without a seed, one host uses seed 0 (reproducible);
     several hosts use one drawn from the chief's clock.
     """
@@ -161,9 +161,7 @@ def init_host_and_devices(n_devices: int | None = None, random_seed: int | None 
             if host_count == 1
             else int(multihost_utils.broadcast_one_to_all(np.int32(time.time() * 1000 % 2**31)))
         )
-    # 0: the chief's key, on every host
-    rng = jax.random.fold_in(jax.random.PRNGKey(random_seed), 0)
-    return Host(is_chief=host_id == 0, n_devices=n_devices, rng=rng)
+    return Host(is_chief=host_id == 0, n_devices=n_devices, seed=random_seed)
 
 
 def check_n_devices(n_devices: int) -> None:

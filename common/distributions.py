@@ -37,6 +37,7 @@ traces none, and never loads it.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import jax
@@ -185,8 +186,10 @@ def noise_correlation(noise_memory, max_steps: int):
     """The step-to-step correlation `c` of exploration noise whose correlation time, `-1 / log c`
     steps, is `noise_memory` times the episode's step limit (`noise_memory` 0: c = 0, white
     noise)."""
-    steps = jnp.asarray(noise_memory, jnp.float32) * max_steps  # 0: 1 / 0 is inf, and c is 0
-    return jnp.exp(-1.0 / steps)
+    steps = noise_memory * max_steps
+    if isinstance(steps, (int, float)):  # a flag's value on the host: no program to compile
+        return math.exp(-1.0 / steps) if steps > 0 else 0.0
+    return jnp.exp(-1.0 / steps)  # traced; 0: 1 / 0 is inf, and c is 0
 
 
 def make_distribution(space, std: Std = "param"):

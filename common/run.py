@@ -86,10 +86,9 @@ class Setup(NamedTuple):
     host: devices.Host
     hosts: int  # processes of the run
     trainer: Trainer
-    keys: Any  # what `trainer.init` maps over: [n_devices, runs]
+    seed: np.uint32  # `--seed` as the programs take it (`sweep.seed_input`)
     values: dict  # the hyperparameter values init and the epochs map over: [n_devices, runs] each
-    eval_key: jax.Array
-    # `trainer.init` lowered for `keys` and `values`, or compiled where `stored` holds it
+    # init (`sweep.lower_init`) lowered for `seed` and `values`, or compiled where `stored` holds it
     init: Any
     template: Any  # the runner state's shapes (this host's part)
     stored_as: str | None  # the key of the run's programs in `executables` (None: not kept)
@@ -98,7 +97,7 @@ class Setup(NamedTuple):
 
 
 class Programs(NamedTuple):
-    init: Callable  # (keys, values) -> state
+    init: Callable  # (seed, values) -> state
     # (state, values, n) -> (state, metrics [n_devices, runs, k]), n <= k; None: --eval-only
     epochs: Callable | None
     # (state, epoch) -> the greedy return of every run [runs], on the episodes of `epoch`
@@ -146,7 +145,7 @@ def train(
         # before anything is written: a program too large is refused
         programs = compile_programs(setup)
         start_outputs(setup, start_epoch)
-        state = state if state is not None else programs.init(setup.keys, setup.values)
+        state = state if state is not None else programs.init(setup.seed, setup.values)
         compile_time = setup.programs_s + time.time() - t0
         if config.eval_only:
             returns = programs.evaluate(state, start_epoch)
@@ -195,13 +194,10 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
         or config.out_dir
         or f"runs/{script}-{config.env}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    init_key, eval_key = jax.random.split(host.rng)
-    trainer, keys, values = sweep.build(
-        dataclasses.replace(config, n_devices=host.n_devices * hosts),
-        make_trainer,
-        host.n_devices,
-        init_key,
+    trainer, values = sweep.build(
+        dataclasses.replace(config, n_devices=host.n_devices * hosts), make_trainer, host.n_devices
     )
+    seed = sweep.seed_input(host.seed)
     # programs an earlier run built load whole; else init is traced once, here, for its output
     # shapes
     t0 = time.time()
@@ -212,7 +208,7 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
     init = (
         stored["init"]
         if stored
-        else sweep.lower_init(trainer, keys, values, config, host.n_devices)
+        else sweep.lower_init(trainer, seed, values, config, host.n_devices)
     )
     programs_s = time.time() - t0
     check_memory(init.out_info, config, host.n_devices, trainer, hosts)
@@ -223,9 +219,8 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
         host=host,
         hosts=hosts,
         trainer=trainer,
-        keys=keys,
+        seed=seed,
         values=values,
-        eval_key=eval_key,
         init=init,
         template=init.out_info,
         stored_as=stored_as,
@@ -371,9 +366,7 @@ def compile_programs(setup: Setup) -> Programs:
     )
 
     def evaluate(state, epoch):
-        return np.asarray(
-            evaluate_runs(first_device(trainer, state), jax.random.fold_in(setup.eval_key, epoch))
-        )
+        return np.asarray(evaluate_runs(first_device(trainer, state), setup.seed, np.int32(epoch)))
 
     return Programs(init=init, epochs=epochs, evaluate=evaluate, k=k)
 
@@ -402,16 +395,21 @@ def build_programs(setup: Setup, k: int) -> tuple:
         (0, 0),
     )
 
-    # of every run (a named function names its program in profiles)
-    def greedy_returns(params, key):
-        return act(params, sweep.eval_keys(key, config))
+    # of every run, on the episodes of `epoch` (a named function names its program in profiles)
+    def greedy_returns(params, seed, epoch):
+        _, eval_key = sweep.run_keys(seed, config, n_devices)
+        key = jax.random.fold_in(eval_key, epoch)
+        return act(devices.unreplicate(params), sweep.eval_keys(key, config))
 
     evaluate_seeds = jax.jit(greedy_returns)
 
     # only compiles: running a program beside a compile once hung in XLA:CPU
     def compile_init_and_eval():
-        params = jax.eval_shape(lambda state: first_device(trainer, state), setup.template)
-        evaluation = evaluate_seeds.lower(params, setup.eval_key)
+        params = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype),
+            jax.eval_shape(trainer.policy, setup.template),
+        )
+        evaluation = evaluate_seeds.lower(params, setup.seed, np.int32(0))
         init = setup.init.compile(FAST_COMPILE)
         return init, evaluation.compile() if images else evaluation.compile(FAST_COMPILE)
 
@@ -443,8 +441,13 @@ def build_programs(setup: Setup, k: int) -> tuple:
 
 
 def first_device(trainer: Trainer, state):
-    """What `act` reads of every run (seed and member), as held by device 0: `[runs, ...]`."""
-    return jax.device_put(devices.unreplicate(trainer.policy(state)), jax.local_devices()[0])
+    """What `act` reads of every run (seed and member), as held by device 0: its shard of the
+    device axis, `[1, runs, ...]` (taken as it lies: slicing would compile a program per leaf)."""
+
+    def shard(x):  # a checkpoint's leaves (--eval-only) are numpy arrays
+        return x.addressable_data(0) if isinstance(x, jax.Array) else x[:1]
+
+    return jax.tree.map(shard, trainer.policy(state))
 
 
 def run_epochs(

@@ -68,21 +68,19 @@ def input_names(config) -> list[str]:
     return names
 
 
-def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any, Any, dict]:
-    """The run's trainer (a `run.Trainer`), the keys and the hyperparameter values its programs map
-    over: `[n_devices, n_runs]`.
+def build(config, make_trainer: Callable, n_devices: int) -> tuple[Any, dict]:
+    """The run's trainer (a `run.Trainer`) and the hyperparameter values its programs map over:
+    `[n_devices, n_runs]`.
 
     The trainer's `init(key, values)`, `epoch(state, values)` (and `rollout`) make
     the script's trainer inside the program from `config` with `values`
     (`input_names`) as traced numbers; `act`, `policy` and the sizes are those
     of `make_trainer(config)`. `config.n_devices` counts the run's devices (every
-    host's); `n_devices` this host's. With `--sweep`, seed i of every member starts
-    from the key of seed i of a run without it (paired comparison).
+    host's); `n_devices` this host's.
     """
     config = config.resolved()
     trainer = make_trainer(config)
     members = cli.sweep_members(config)
-    keys = jnp.tile(devices.seed_keys(init_key, config.num_seeds, n_devices), (1, len(members), 1))
     # each member's values as its config holds them (a script may set a flag's 0 to its default);
     # numpy arrays: jnp operations here would each be a small program to compile or load
     member_configs = [dataclasses.replace(config, sweep=(), **m) for m in members]
@@ -92,7 +90,7 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any
                 np.asarray([getattr(c, name) for c in member_configs], np.float32),
                 config.num_seeds,
             ),
-            keys.shape[:2],
+            (n_devices, n_runs(config)),
         )
         for name in input_names(config)
     }
@@ -111,18 +109,45 @@ def build(config, make_trainer: Callable, n_devices: int, init_key) -> tuple[Any
         return traced(values).epoch(state)
 
     rollout = trainer.rollout and (lambda state, values: traced(values).rollout(state))
-    return trainer._replace(init=init, rollout=rollout, epoch=epoch), keys, values
+    return trainer._replace(init=init, rollout=rollout, epoch=epoch), values
 
 
-def lower_init(trainer, keys, values, config, n_devices: int):
-    """`init` lowered for `keys` and `values` (its output shapes are the state's template).
+def run_keys(seed, config, n_devices: int):
+    """The runs' init keys `[n_devices, n_runs, 2]` and the evaluation's key, from the run's
+    seed (`seed_input`).
+
+    Called inside the programs that use them: as operations on the host, each
+    random function would compile a small program of its own at every start.
+    With `--sweep`, seed i of every member starts from the key of seed i of a
+    run without it (paired comparison).
+    """
+    rng = jax.random.fold_in(jax.random.PRNGKey(seed), 0)  # 0: the chief's key, on every host
+    init_key, eval_key = jax.random.split(rng)
+    keys = devices.seed_keys(init_key, config.num_seeds, n_devices)
+    return jnp.tile(keys, (1, len(cli.sweep_members(config)), 1)), eval_key
+
+
+def seed_input(seed: int) -> np.uint32:
+    """`--seed` as the programs take it: the 32 bits of an integer that `jax.random.PRNGKey`
+    keeps."""
+    return np.uint32(seed % 2**32)
+
+
+def lower_init(trainer, seed, values, config, n_devices: int):
+    """The runs' `init` from the seed (`seed_input`) and `values`, lowered (its output shapes are
+    the state's template).
 
     Several hosts compile the epoch at its first call, so with several hosts its trace is checked
     here, before anything runs (`inputs_stay_traced`).
     """
-    init = devices.map_init(trainer.init)
+    init_runs = devices.map_init(trainer.init)
+
+    def init(seed, values):  # named: a profile (bench/peers/phases.py) names its program
+        keys, _ = run_keys(seed, config, n_devices)
+        return init_runs(keys, values)
+
     with inputs_stay_traced(config):
-        lowered = init.lower(keys, values)
+        lowered = jax.jit(init).lower(seed, values)
         if jax.process_count() > 1:
             epoch = devices.map_epoch(trainer.epoch, n_devices, n_mapped=2)
             jax.eval_shape(epoch, lowered.out_info, values)

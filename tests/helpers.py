@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from algos.ppo_joint import Config, make_trainer
-from common import devices, run
+from common import devices, run, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -301,9 +301,8 @@ def tiny(**overrides) -> Config:
 
 def run_keys(seed: int, num_seeds: int = NUM_SEEDS, n_devices: int = 1):
     """The init keys `train()` builds for `--seed seed`."""
-    _, _, rng = devices.init_host_and_devices(n_devices, seed)
-    init_key, _ = jax.random.split(rng)
-    return devices.seed_keys(init_key, num_seeds, n_devices)
+    keys, _ = sweep.run_keys(sweep.seed_input(seed), Config(num_seeds=num_seeds), n_devices)
+    return keys
 
 
 class Compiled:

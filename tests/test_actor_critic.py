@@ -368,7 +368,7 @@ def test_policy_lr_0_is_the_loss_default_in_the_config_the_advice_and_a_sweep(lo
     advice = checkpoints.divergence_advice(config, None, Path("run"))
     assert f"--policy-lr {lr / 10:.3g} --value-lr 0.00025" in advice
     swept = dataclasses.replace(config, sweep=("policy_lr=0,1e-3",))
-    values = sweep.build(swept, make_trainer, 1, jax.random.PRNGKey(0))[2]
+    values = sweep.build(swept, make_trainer, 1)[1]
     np.testing.assert_allclose(values["policy_lr"][0], [lr, 1e-3], rtol=1e-6)
 
 

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import devices, nets, run
+from algos import ppo_joint
+from common import devices, nets, run, sweep
 from helpers import slow_for
 
 
@@ -20,15 +21,11 @@ def test_two_forced_devices():
 
 
 def test_defaults_all_local_devices_chief_fixed_seed():
-    is_chief, n_devices, rng = devices.init_host_and_devices()
+    is_chief, n_devices, seed = devices.init_host_and_devices()
     assert is_chief is True
     assert n_devices == 2
-    _, _, again = devices.init_host_and_devices()
-    np.testing.assert_array_equal(rng, again)  # one host, no seed: reproducible
-    _, _, seed0 = devices.init_host_and_devices(random_seed=0)
-    np.testing.assert_array_equal(rng, seed0)
-    _, _, seed1 = devices.init_host_and_devices(random_seed=1)
-    assert not np.array_equal(rng, seed1)
+    assert seed == 0  # one host, no seed: reproducible
+    assert devices.init_host_and_devices(random_seed=1).seed == 1
 
 
 def test_explicit_device_count():
@@ -50,6 +47,19 @@ def test_seed_keys_shape_and_identical_across_devices():
     host = np.asarray(keys[0])
     assert len({tuple(k) for k in host}) == 3  # seeds differ
     assert not any(np.array_equal(k, rng) for k in host)  # split, not the run key itself
+
+
+@pytest.mark.parametrize("seed", [0, 7, -3, 2**31, 2**32 + 5])
+def test_run_keys_inside_a_program_are_the_seeds_keys_on_the_host(seed):
+    """The programs derive the keys from `seed_input(seed)`: the same keys as `jax.random` gives
+    the integer itself (negative and past 32 bits too), so a seed names the same run as before."""
+    config = ppo_joint.Config(num_seeds=3, n_devices=2)
+    keys, eval_key = jax.jit(sweep.run_keys, static_argnums=(1, 2))(
+        sweep.seed_input(seed), config, 2
+    )
+    init_key, host_eval_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), 0))
+    np.testing.assert_array_equal(keys, devices.seed_keys(init_key, 3, 2))
+    np.testing.assert_array_equal(eval_key, host_eval_key)
 
 
 def test_device_key_differs_per_device_under_map_epoch():

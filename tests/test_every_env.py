@@ -47,7 +47,8 @@ def test_every_environment_builds_and_traces_in_every_script(name, env_id):
         with pytest.raises(cli.ConfigError, match=f"--env {env_id}: DQN needs discrete actions"):
             module.make_trainer(config)
         return
-    trainer, keys, values = sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
+    trainer, values = sweep.build(config, module.make_trainer, 1)
+    keys, _ = sweep.run_keys(0, config, 1)
     state = jax.eval_shape(devices.map_init(trainer.init), keys, values)
     _, metrics = jax.eval_shape(devices.map_epoch(trainer.epoch, 1, n_mapped=2), state, values)
     assert any(key.startswith("loss/") for key in metrics), sorted(metrics)

@@ -76,7 +76,8 @@ def test_resume_refuses_to_change_a_swept_flag_and_takes_the_others(tmp_path, ca
 
 
 def final_params(out_dir, config):
-    trainer, keys, values = sweep.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
+    trainer, values = sweep.build(config, ppo_joint.make_trainer, 1)
+    keys, _ = sweep.run_keys(0, config, 1)
     template = jax.eval_shape(devices.map_init(trainer.init), keys, values)
     state, _ = checkpoints.load(checkpoints.latest(out_dir / "checkpoints"), template)
     return trainer.policy(devices.unreplicate(state))  # [runs, ...]
@@ -129,7 +130,8 @@ def test_every_script_sweeps_in_one_program(name, flag):
     # a default of 0 halved is 0 again: a member given twice
     value = getattr(module.Config(), flag) or 0.01
     config = module.Config(n_devices=1, num_seeds=2, sweep=(f"{flag}={value},{value / 2}",))
-    trainer, keys, values = sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
+    trainer, values = sweep.build(config, module.make_trainer, 1)
+    keys, _ = sweep.run_keys(0, config, 1)
     init = devices.map_init(trainer.init).lower(keys, values)
     state, metrics = jax.eval_shape(
         devices.map_epoch(trainer.epoch, 1, n_mapped=2), init.out_info, values
@@ -156,12 +158,12 @@ def test_a_constant_of_the_programs_cannot_be_swept(name, swept, message):
     module = importlib.import_module(f"algos.{name}")
     config = module.Config(n_devices=1, sweep=(swept,))
     with pytest.raises(cli.ConfigError, match=f"{message}, so it cannot be swept in one program"):
-        sweep.build(config, module.make_trainer, 1, jax.random.PRNGKey(0))
+        sweep.build(config, module.make_trainer, 1)
 
 
 def test_a_switch_above_0_is_an_input():
     config = ppo_joint.Config(n_devices=1, sweep=("max_grad_norm=0.25,0.5",))
-    values = sweep.build(config, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))[2]
+    values = sweep.build(config, ppo_joint.make_trainer, 1)[1]
     np.testing.assert_array_equal(values["max_grad_norm"], [[0.25, 0.5]])
     assert "max_grad_norm" not in sweep.input_names(ppo_joint.Config(max_grad_norm=0.0))
     assert "skip_fraction" not in sweep.input_names(

@@ -126,11 +126,11 @@ DRIVER = textwrap.dedent("""
     import jax, numpy as np
     from common import devices
     devices.init_distributed()  # from $JTRAX_*
-    is_chief, n, rng = devices.init_host_and_devices()  # no seed: the chief's clock
-    keys = devices.seed_keys(rng, 2, n)
+    is_chief, n, seed = devices.init_host_and_devices()  # no seed: the chief's clock
+    keys = devices.seed_keys(jax.random.PRNGKey(seed), 2, n)
     init = devices.map_init(devices.device_key)(keys)
     epoch = devices.map_epoch(devices.device_key, n, donate=False)(keys)
-    print(json.dumps({"chief": is_chief, "count": jax.process_count(), "rng": np.asarray(rng).tolist(),
+    print(json.dumps({"chief": is_chief, "count": jax.process_count(), "seed": seed,
                       "init": np.asarray(init).tolist(), "epoch": np.asarray(epoch).tolist()}))
 """)
 
@@ -153,7 +153,7 @@ def test_hosts_share_the_run_key_and_no_device_shares_an_env_key(tmp_path):
         assert code == 0, text
     chief, other = (json.loads(text.strip().splitlines()[-1]) for _, text in out)
     assert (chief["chief"], other["chief"], chief["count"]) == (True, False, 2)
-    assert chief["rng"] == other["rng"]  # parameters start from the same key
+    assert chief["seed"] == other["seed"]  # parameters start from the same key
     for where in ("init", "epoch"):  # [1 device, 2 seeds, 2] on each host: 4 distinct keys
         keys = [tuple(k) for host in (chief, other) for k in np.asarray(host[where]).reshape(-1, 2)]
         assert len(set(keys)) == 4, where

@@ -249,7 +249,8 @@ def test_load_agent_of_a_swept_box_action_run_picks_members_in_order(tmp_path):
         out_dir=str(tmp_path),
     )
     run.train(cfg, ppo_joint.make_trainer, "ppo_joint")
-    trainer, keys, values = sweep.build(cfg, ppo_joint.make_trainer, 1, jax.random.PRNGKey(0))
+    trainer, values = sweep.build(cfg, ppo_joint.make_trainer, 1)
+    keys, _ = sweep.run_keys(0, cfg, 1)
     inner, _ = checkpoints.load(
         checkpoints.latest(tmp_path / "checkpoints"),
         jax.eval_shape(devices.map_init(trainer.init), keys, values),
@@ -296,7 +297,8 @@ def test_a_swept_member_trains_as_the_run_with_its_value(name):
     alone = dataclasses.replace(cfg, **{flag: value})
 
     def train(cfg):  # the run's parameters after 2 epochs, [runs, ...]
-        trainer, keys, values = sweep.build(cfg, module.make_trainer, 1, jax.random.PRNGKey(0))
+        trainer, values = sweep.build(cfg, module.make_trainer, 1)
+        keys, _ = sweep.run_keys(0, cfg, 1)
         quick = lambda fn, *args: fn.lower(*args).compile(run.FAST_COMPILE)  # noqa: E731
         state = quick(devices.map_init(trainer.init), keys, values)(keys, values)
         epoch = quick(devices.map_epoch(trainer.epoch, 1, donate=False, n_mapped=2), state, values)
