@@ -72,7 +72,7 @@ class Config(cli.TrainConfig):
     """train the network on targets times (1 - gamma); Q = its outputs / (1 - gamma)"""
     eps_start: float = 1.0
     """exploration: epsilon(epoch) = max(eps_min, eps_start * eps_decay ** epoch)"""
-    eps_decay: float = 0.995
+    eps_decay: float = 0.99
     """per-epoch decay factor of epsilon"""
     eps_min: float = 0.1
     """lowest epsilon"""
