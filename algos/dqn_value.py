@@ -51,8 +51,10 @@ class Config(cli.TrainConfig):
     eval_every: int = 250
     """greedy evaluation every this many epochs (0: only at the end): 25k steps at the defaults"""
     checkpoint_every: int = 250
-    update_steps: int = 50
-    """gradient steps per epoch, each on --batch-size transitions sampled from the replay"""
+    update_steps: int | None = None
+    """gradient steps per epoch, each on --batch-size transitions sampled from the replay (unset:
+    50; 10 where the network starts with the convolution, on image observations, whose gradient
+    steps cost five times the dense torso's; docs/decisions.md says why)"""
     batch_size: int = 100
     """transitions per gradient step, all devices together (split over devices)"""
     n_replay_epochs: int = 500
@@ -88,7 +90,10 @@ class Config(cli.TrainConfig):
     def __post_init__(self):
         super().__post_init__()
         for name in ("update_steps", "batch_size", "n_replay_epochs"):
-            cli.require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+            value = getattr(self, name)
+            cli.require(
+                value is None or value >= 1, f"--{name.replace('_', '-')} must be at least 1"
+            )
         cli.require(self.n_step >= 1, f"--n-step {self.n_step}: use 1 (one-step targets) or more")
         cli.require(
             self.sync_freq >= 1,
@@ -120,6 +125,14 @@ class Config(cli.TrainConfig):
         cli.require(
             len(self.hidden) >= 1 and min(self.hidden) >= 1, "--hidden needs positive widths"
         )
+
+    def resolved(self) -> Config:
+        """--update-steps unset: from the network's first layers (the observation space)."""
+        if self.update_steps is not None:
+            return self
+        env, env_params = envs.make_env(self.env)
+        conv = nets.uses_conv(self.torso, tuple(env.observation_space(env_params).shape))
+        return dataclasses.replace(self, update_steps=10 if conv else 50)
 
     @property
     def capacity(self) -> int:
@@ -395,6 +408,7 @@ def sample_batch(replay: Replay, key, n_samples: int, n_step: int, gamma: float)
 # Training
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
+    config = config.resolved()
     from gymnax.environments import spaces
 
     layout = devices.layout(config)

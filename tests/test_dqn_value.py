@@ -510,6 +510,22 @@ def test_two_devices_two_seeds_resume_with_the_replay(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "env, torso, steps",
+    [
+        ("CartPole-v1", "auto", 50),
+        ("Breakout-MinAtar", "auto", 10),  # image observations: the conv torso
+        ("Breakout-MinAtar", "mlp", 50),
+    ],
+)
+def test_update_steps_unset_follow_the_torso(env, torso, steps):
+    """`--update-steps` unset (the default) is 10 gradient steps an epoch where the network starts
+    with the convolution and 50 where it is dense; a given count is kept."""
+    config = Config(env=env, torso=torso)
+    assert config.update_steps is None and config.resolved().update_steps == steps
+    assert Config(env=env, torso=torso, update_steps=3).resolved().update_steps == 3
+
+
+@pytest.mark.parametrize(
     "overrides, match",
     [
         (dict(n_step=0), r"--n-step 0"),
