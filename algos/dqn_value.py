@@ -408,9 +408,9 @@ def sample_batch(replay: Replay, key, n_samples: int, n_step: int, gamma: float)
 # Training
 # ----------------------------------------------------------------------------
 def make_trainer(config: Config) -> run.Trainer:
-    config = config.resolved()
     from gymnax.environments import spaces
 
+    config = config.resolved()
     layout = devices.layout(config)
     cli.require(
         config.batch_size % layout.n_devices == 0,
