@@ -130,8 +130,7 @@ class Config(cli.TrainConfig):
         """--update-steps unset: from the network's first layers (the observation space)."""
         if self.update_steps is not None:
             return self
-        env, env_params = envs.make_env(self.env)
-        conv = nets.uses_conv(self.torso, tuple(env.observation_space(env_params).shape))
+        conv = envs.starts_with_conv(self.env, self.torso)
         return dataclasses.replace(self, update_steps=10 if conv else 50)
 
     @property

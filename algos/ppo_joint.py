@@ -103,8 +103,7 @@ class Config(cli.TrainConfig):
         --normalize-obs by the spaces and the torso (`envs.normalizes_obs`)."""
         config = self
         if config.lr is None:  # else given, or a traced number inside a program
-            env, env_params = envs.make_env(config.env)
-            conv = nets.uses_conv(config.torso, tuple(env.observation_space(env_params).shape))
+            conv = envs.starts_with_conv(config.env, config.torso)
             config = dataclasses.replace(config, lr=1e-3 if conv else 2.5e-3)
         if config.normalize_obs is None:
             normalize = envs.normalizes_obs(config.env, config.torso)

@@ -520,6 +520,13 @@ def update_obs_stats(
     return ObsStats(mean=stats.mean + delta * n / total, var=m2 / total, count=total)
 
 
+def starts_with_conv(env_id: str, torso: nets.Torso) -> bool:
+    """Whether the network for `env_id` starts with the convolution (`nets.uses_conv` on its
+    observation space): what the defaults that differ for image observations read."""
+    env, env_params = make_env(env_id)
+    return nets.uses_conv(torso, tuple(env.observation_space(env_params).shape))
+
+
 def normalizes_obs(env_id: str, torso: nets.Torso) -> bool:
     """What `--normalize-obs` left unset means: on where the actions are discrete and dense layers
     read the observations, unless the observation space already holds every feature in [0, 1] (the
@@ -529,9 +536,9 @@ def normalizes_obs(env_id: str, torso: nets.Torso) -> bool:
 
     env, env_params = make_env(env_id)
     space = env.observation_space(env_params)
-    conv = nets.uses_conv(torso, tuple(space.shape))
     unit = bool(np.all(np.asarray(space.low) >= 0) and np.all(np.asarray(space.high) <= 1))
-    return isinstance(env.action_space(env_params), spaces.Discrete) and not conv and not unit
+    discrete = isinstance(env.action_space(env_params), spaces.Discrete)
+    return discrete and not starts_with_conv(env_id, torso) and not unit
 
 
 def normalize_obs(stats: ObsStats | None, obs: jax.Array) -> jax.Array:
