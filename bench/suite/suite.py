@@ -379,6 +379,15 @@ def report(cells: dict, randoms: dict) -> str:
                 if random is not None
                 else []
             ),
+            *(
+                [
+                    "Every script's network here starts with the convolution, the default for "
+                    "image observations ([environments.md](environments.md#image-observations-minatar)).",
+                    "",
+                ]
+                if envs.starts_with_conv(task, "auto")
+                else []
+            ),
             "| script | mean | worst seed | every seed >= goal | per seed | behaviour policy | "
             "env steps | wall s | SPS | commit |",
             "|---|---:|---:|---|---|---:|---:|---:|---:|---|",
