@@ -61,9 +61,10 @@ class Config(cli.TrainConfig):
     """replay buffer: the transitions of the last this many epochs (a ring buffer)"""
     lr: float = 3e-4
     """Adam learning rate"""
-    n_step: int = 3
+    n_step: int | None = None
     """n of the n-step targets: sum_{k<n} gamma^k r_{t+k} + gamma^n max_a Q_target(s_{t+n}, a), cut
-    at episode ends"""
+    at episode ends (unset: 3; 1 where the network starts with the convolution, on image
+    observations; docs/decisions.md says why)"""
     sync_freq: int = 500
     """copy the online network into the target network every this many gradient steps"""
     double_dqn: bool = False
@@ -94,7 +95,10 @@ class Config(cli.TrainConfig):
             cli.require(
                 value is None or value >= 1, f"--{name.replace('_', '-')} must be at least 1"
             )
-        cli.require(self.n_step >= 1, f"--n-step {self.n_step}: use 1 (one-step targets) or more")
+        cli.require(
+            self.n_step is None or self.n_step >= 1,
+            f"--n-step {self.n_step}: use 1 (one-step targets) or more",
+        )
         cli.require(
             self.sync_freq >= 1,
             f"--sync-freq {self.sync_freq}: use 1 (sync after every gradient step) or more",
@@ -107,7 +111,7 @@ class Config(cli.TrainConfig):
             f"fewer than --batch-size {self.batch_size}; keep more epochs or use a smaller batch",
         )
         cli.require(
-            self.n_step <= self.capacity,
+            self.n_step is None or self.n_step <= self.capacity,
             f"--n-step {self.n_step} is longer than the replay's {self.capacity} "
             f"steps per environment; use a smaller --n-step or more --n-replay-epochs",
         )
@@ -127,11 +131,15 @@ class Config(cli.TrainConfig):
         )
 
     def resolved(self) -> Config:
-        """--update-steps unset: from the network's first layers (the observation space)."""
-        if self.update_steps is not None:
-            return self
+        """--update-steps and --n-step unset: from the network's first layers (the observation
+        space)."""
         conv = envs.starts_with_conv(self.env, self.torso)
-        return dataclasses.replace(self, update_steps=10 if conv else 50)
+        config = self
+        if config.update_steps is None:
+            config = dataclasses.replace(config, update_steps=10 if conv else 50)
+        if config.n_step is None:
+            config = dataclasses.replace(config, n_step=1 if conv else 3)
+        return config
 
     @property
     def capacity(self) -> int:

@@ -510,19 +510,22 @@ def test_two_devices_two_seeds_resume_with_the_replay(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "env, torso, steps",
+    "env, torso, steps, n",
     [
-        ("CartPole-v1", "auto", 50),
-        ("Breakout-MinAtar", "auto", 10),  # image observations: the conv torso
-        ("Breakout-MinAtar", "mlp", 50),
+        ("CartPole-v1", "auto", 50, 3),
+        ("Breakout-MinAtar", "auto", 10, 1),  # image observations: the conv torso
+        ("Breakout-MinAtar", "mlp", 50, 3),
     ],
 )
-def test_update_steps_unset_follow_the_torso(env, torso, steps):
-    """`--update-steps` unset (the default) is 10 gradient steps an epoch where the network starts
-    with the convolution and 50 where it is dense; a given count is kept."""
+def test_unset_flags_follow_the_torso(env, torso, steps, n):
+    """`--update-steps` and `--n-step` unset (the defaults) are 10 gradient steps an epoch and
+    one-step targets where the network starts with the convolution, 50 steps and 3-step targets
+    where it is dense; given values are kept."""
     config = Config(env=env, torso=torso)
-    assert config.update_steps is None and config.resolved().update_steps == steps
-    assert Config(env=env, torso=torso, update_steps=3).resolved().update_steps == 3
+    assert config.update_steps is None and config.n_step is None
+    assert (config.resolved().update_steps, config.resolved().n_step) == (steps, n)
+    given = Config(env=env, torso=torso, update_steps=3, n_step=2).resolved()
+    assert (given.update_steps, given.n_step) == (3, 2)
 
 
 @pytest.mark.parametrize(
