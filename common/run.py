@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,7 +92,7 @@ class Setup(NamedTuple):
     trainer: Trainer
     seed: np.uint32  # `--seed` as the programs take it (`sweep.seed_input`)
     values: dict  # the hyperparameter values init and the epochs map over: [n_devices, runs] each
-    # init (`sweep.lower_init`) lowered for `seed` and `values`, or compiled where `stored` holds it
+    # init (`sweep.trace_init`) traced for `seed` and `values`, or compiled where `stored` holds it
     init: Any
     template: Any  # the runner state's shapes (this host's part)
     stored_as: str | None  # the key of the run's programs in `executables` (None: not kept)
@@ -211,7 +212,7 @@ def prepare(config, make_trainer: Callable, script: str) -> Setup:
     init = (
         stored["init"]
         if stored
-        else sweep.lower_init(trainer, seed, values, config, host.n_devices)
+        else sweep.trace_init(trainer, seed, values, config, host.n_devices)
     )
     programs_s = time.time() - t0
     check_memory(init.out_info, config, host.n_devices, trainer, hosts)
@@ -406,14 +407,19 @@ def build_programs(setup: Setup, k: int) -> tuple:
 
     evaluate_seeds = jax.jit(greedy_returns)
 
-    # only compiles: running a program beside a compile once hung in XLA:CPU
+    # The second thread starts once the epochs are lowered: tracing and lowering hold Python's lock,
+    # so its own would delay the epochs' compile, the longest. It only compiles: running a program
+    # beside a compile once hung in XLA:CPU.
+    epochs_lowered = threading.Event()
+
     def compile_init_and_eval():
+        epochs_lowered.wait()
         params = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype),
             jax.eval_shape(trainer.policy, setup.template),
         )
         evaluation = evaluate_seeds.lower(params, setup.seed, np.int32(0))
-        init = setup.init.compile(FAST_COMPILE)
+        init = setup.init.lower().compile(FAST_COMPILE)
         return init, evaluation.compile() if images else evaluation.compile(FAST_COMPILE)
 
     with ThreadPoolExecutor(1) as pool:
@@ -438,7 +444,10 @@ def build_programs(setup: Setup, k: int) -> tuple:
                     f"integers hold (2,147,483,647): lower --total-steps or the gradient "
                     f"steps per epoch"
                 ) from None
+            finally:
+                epochs_lowered.set()
             epochs = lowered.compile()
+        epochs_lowered.set()
         init, evaluate_runs = side.result()
     return init, epochs, evaluate_runs
 

@@ -133,9 +133,9 @@ def seed_input(seed: int) -> np.uint32:
     return np.uint32(seed % 2**32)
 
 
-def lower_init(trainer, seed, values, config, n_devices: int):
-    """The runs' `init` from the seed (`seed_input`) and `values`, lowered (its output shapes are
-    the state's template).
+def trace_init(trainer, seed, values, config, n_devices: int):
+    """The runs' `init` from the seed (`seed_input`) and `values`, traced (its output shapes are
+    the state's template; `.lower()` goes on to the program).
 
     Several hosts compile the epoch at its first call, so with several hosts its trace is checked
     here, before anything runs (`inputs_stay_traced`).
@@ -147,11 +147,11 @@ def lower_init(trainer, seed, values, config, n_devices: int):
         return init_runs(keys, values)
 
     with inputs_stay_traced(config):
-        lowered = jax.jit(init).lower(seed, values)
+        traced = jax.jit(init).trace(seed, values)
         if jax.process_count() > 1:
             epoch = devices.map_epoch(trainer.epoch, n_devices, n_mapped=2)
-            jax.eval_shape(epoch, lowered.out_info, values)
-    return lowered
+            jax.eval_shape(epoch, traced.out_info, values)
+    return traced
 
 
 @contextlib.contextmanager

@@ -88,7 +88,7 @@ def main() -> None:
         # programs' key and load, or init traced and lowered
         run.executables.key = timed(phases, "prepare_programs", run.executables.key)
         run.executables.load = timed(phases, "prepare_programs", run.executables.load)
-        run.sweep.lower_init = timed(phases, "prepare_programs", run.sweep.lower_init)
+        run.sweep.trace_init = timed(phases, "prepare_programs", run.sweep.trace_init)
         run.save_checkpoint = timed(phases, "checkpoint", run.save_checkpoint)
         compile_programs = run.compile_programs
 
