@@ -447,7 +447,7 @@ def build_programs(setup: Setup, k: int) -> tuple:
             finally:
                 epochs_lowered.set()
             epochs = lowered.compile()
-        epochs_lowered.set()
+        epochs_lowered.set()  # --eval-only, or several hosts: no epochs lowered here
         init, evaluate_runs = side.result()
     return init, epochs, evaluate_runs
 

@@ -85,7 +85,7 @@ def main() -> None:
         run = sys.modules["common.run"]
         run.prepare = timed(phases, "prepare", run.prepare)
         # prepare's share of the programs (summary.json's compile_time_s counts it): the stored
-        # programs' key and load, or init traced and lowered
+        # programs' key and load, or init traced
         run.executables.key = timed(phases, "prepare_programs", run.executables.key)
         run.executables.load = timed(phases, "prepare_programs", run.executables.load)
         run.sweep.trace_init = timed(phases, "prepare_programs", run.sweep.trace_init)
