@@ -51,16 +51,19 @@ class Config(cli.TrainConfig):
     """PPO ratio clip epsilon"""
     vf_coef: float = 0.25
     """value loss coefficient c_v"""
-    ent_coef: float = 0.01
-    """entropy bonus coefficient c_ent (keeps a policy from settling on one action early)"""
+    ent_coef: float | None = None
+    """entropy bonus coefficient c_ent, which keeps a policy from settling on one action early
+    (unset: 0.02 where the network starts with the convolution, on image observations; else 0.01;
+    docs/decisions.md says why)"""
     torso: nets.Torso = "auto"
     """the network's first layers: conv, one 3x3 convolution of 16 channels before the dense layers
     (image observations [H, W, C]); mlp, dense layers on the flattened observation; auto: conv for
     images, else mlp"""
     hidden: tuple[int, ...] = (64, 64)
     """torso layer widths"""
-    activation: nets.Activation = "tanh"
-    """torso activation"""
+    activation: nets.Activation | None = None
+    """torso activation (unset: relu where the network starts with the convolution, on image
+    observations; else tanh; docs/decisions.md says why)"""
     std: Literal["param", "network"] = "param"
     """Box actions: log std as a learned vector (param) or a network output (network)"""
     noise_memory: float = 0.002
@@ -99,12 +102,19 @@ class Config(cli.TrainConfig):
         )
 
     def resolved(self) -> Config:
-        """The flags left unset, from the environment's spaces: --lr by the network's first layers,
-        --normalize-obs by the spaces and the torso (`envs.normalizes_obs`)."""
+        """The flags left unset, from the environment's spaces: --lr, --ent-coef and --activation
+        by the network's first layers, --normalize-obs by the spaces and the torso
+        (`envs.normalizes_obs`)."""
         config = self
-        if config.lr is None:  # else given, or a traced number inside a program
-            conv = envs.starts_with_conv(config.env, config.torso)
-            config = dataclasses.replace(config, lr=1e-3 if conv else 2.5e-3)
+        conv = envs.starts_with_conv(config.env, config.torso)
+        by_torso = {
+            "lr": 1e-3 if conv else 2.5e-3,
+            "ent_coef": 0.02 if conv else 0.01,
+            "activation": "relu" if conv else "tanh",
+        }
+        for name, value in by_torso.items():
+            if getattr(config, name) is None:  # else given, or a traced number inside a program
+                config = dataclasses.replace(config, **{name: value})
         if config.normalize_obs is None:
             normalize = envs.normalizes_obs(config.env, config.torso)
             config = dataclasses.replace(config, normalize_obs=normalize)

@@ -298,10 +298,11 @@ def require(ok: bool, message: str) -> None:
 
 
 def require_non_negative(config, *names: str) -> None:
-    """Coefficients (of a loss term, an entropy bonus): 0 (the term off) or more."""
+    """Coefficients (of a loss term, an entropy bonus): 0 (the term off) or more; unset (None)
+    until `RunConfig.resolved` fills it in."""
     for name in names:
         require(
-            getattr(config, name) >= 0,
+            getattr(config, name) is None or getattr(config, name) >= 0,
             f"{flag_name(name)} {getattr(config, name)}: use 0 (off) or more",
         )
 
@@ -330,6 +331,12 @@ def field_docs(cls) -> dict[str, str]:
             ):
                 docs[node.target.id] = str(nxt.value.value).strip()
     return docs
+
+
+def is_union(kind) -> bool:
+    """Whether a field's type is `X | None`: `float | None` is a types.UnionType, `Literal[...] |
+    None` a typing.Union."""
+    return typing.get_origin(kind) in (types.UnionType, typing.Union)
 
 
 def _parse_bool(text: str) -> bool:
@@ -426,7 +433,7 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
     run_flags = {f.name for f in dataclasses.fields(RunConfig)}
     for f in sorted(dataclasses.fields(cls), key=lambda f: f.name in run_flags):
         kind = hints[f.name]
-        if typing.get_origin(kind) is types.UnionType:  # `float | None`: None unless given
+        if is_union(kind):  # `float | None`: None unless given
             kind = next(k for k in typing.get_args(kind) if k is not type(None))
         if kind is bool:  # `--flag` or `--flag=True/False` (as a wandb agent passes it)
             spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL", action=_Once)
@@ -572,7 +579,7 @@ def load_config(cls, run_dir: Path):
 def _fits(kind, value) -> bool:
     """Whether a JSON value is one of `kind`: bool, int, float (an int too), str, a Literal,
     tuple[X, ...], X | None."""
-    if typing.get_origin(kind) is types.UnionType:
+    if is_union(kind):
         return any(_fits(k, value) for k in typing.get_args(kind))
     if typing.get_origin(kind) is typing.Literal:
         return value in typing.get_args(kind)
@@ -588,6 +595,6 @@ def _describe(kind) -> str:
         return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
     if typing.get_origin(kind) is tuple:
         return f"a list of {typing.get_args(kind)[0].__name__}"
-    if typing.get_origin(kind) is types.UnionType:
+    if is_union(kind):
         return " or ".join(map(_describe, typing.get_args(kind)))
     return "null" if kind is type(None) else f"a {kind.__name__}"

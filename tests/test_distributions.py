@@ -304,7 +304,7 @@ def box_penalty_loss(name: str, box_coef: float):
     n = 8
     inputs = jnp.tile(jnp.array([[3.0, -0.5]]), (n, 1))
     action, zeros = jnp.full((n, 1), 2.5), jnp.zeros(n)
-    config = module.Config(box_coef=box_coef)
+    config = module.Config(box_coef=box_coef).resolved()
     if name == "awr":
         net = {"policy_net": lambda params, obs, *_: obs}
         args = (inputs, action[:, None], jnp.ones((n, 1)), jnp.ones((n, 1)), jnp.zeros((n, 1)))

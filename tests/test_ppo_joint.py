@@ -170,7 +170,9 @@ def test_gae_checks_ranks():
 @pytest.mark.parametrize("normalize", [False, True])
 def test_ppo_loss_matches_numpy(normalize):
     dist = make_distribution(spaces.Discrete(2))
-    config = tiny(normalize_advantages=normalize, clip_eps=0.1, vf_coef=0.7, ent_coef=0.05)
+    config = tiny(
+        normalize_advantages=normalize, clip_eps=0.1, vf_coef=0.7, ent_coef=0.05
+    ).resolved()
     params = ppo_joint.init_network(jax.random.PRNGKey(0), 4, config.hidden, dist)
     # a larger policy head, so the probabilities move away from uniform
     params["policy"]["w"] = params["policy"]["w"] * 100
@@ -248,19 +250,26 @@ def test_compiled_epoch_is_traced_once(n_devices, num_seeds):
 
 
 @pytest.mark.parametrize(
-    "env, lr",
+    "env, by_torso",
     [
-        ("CartPole-v1", 2.5e-3),
-        pytest.param("Breakout-MinAtar", 1e-3, marks=pytest.mark.slow),  # the conv torso
+        ("CartPole-v1", dict(lr=2.5e-3, ent_coef=0.01, activation="tanh")),
+        pytest.param(  # the conv torso
+            "Breakout-MinAtar",
+            dict(lr=1e-3, ent_coef=0.02, activation="relu"),
+            marks=pytest.mark.slow,
+        ),
     ],
 )
-def test_lr_unset_is_the_learning_rate_of_the_torso(env, lr):
-    """`--lr` unset (the default) trains as the rate the docs give for the network's torso does."""
-    assert tiny(env=env).resolved().lr == lr
+def test_flags_unset_are_the_values_of_the_torso(env, by_torso):
+    """`--lr`, `--ent-coef` and `--activation` unset (the defaults) train as the values the docs
+    give for the network's torso do."""
+    resolved = tiny(env=env).resolved()
+    assert {name: getattr(resolved, name) for name in by_torso} == by_torso
     keys = run_keys(0, 1)
     states = []
-    for rate in (None, lr):
-        _, init, epoch = quick_compile(make_trainer, tiny(env=env, num_seeds=1, lr=rate), keys)
+    for given in ({}, by_torso):
+        config = tiny(env=env, num_seeds=1, **given)
+        _, init, epoch = quick_compile(make_trainer, config, keys)
         states.append(epoch(init(keys))[0].params)
     chex.assert_trees_all_equal(*states)
 
@@ -343,7 +352,7 @@ def test_pendulum_epoch(std):
 # ----------------------------------------------------------------------------
 def test_pmean_of_half_batch_gradients_equals_full_batch_step():
     dist = make_distribution(spaces.Discrete(2))
-    config = tiny()
+    config = tiny().resolved()
     params = ppo_joint.init_network(jax.random.PRNGKey(1), 4, config.hidden, dist)
     batch = random_batch(Batch, 1, 64)
     tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-3, eps=1e-5))

@@ -247,7 +247,7 @@ GAE = {
 @functools.lru_cache(maxsize=None)
 def gae_compiled(name):
     script = GAE[name]
-    return Compiled(script.module, script.module.Config(**GAE_FLAGS, **script.flags))
+    return Compiled(script.module, script.module.Config(**GAE_FLAGS, **script.flags).resolved())
 
 
 def check_windows(env, env_params, before, traj):

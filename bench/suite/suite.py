@@ -18,6 +18,7 @@ labelled with its command, and the task's goal as a dashed line; common/plot.py)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import subprocess
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.results import commit
-from common import envs, plot
+from common import cli, envs, plot
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "bench" / "suite"
@@ -157,14 +158,12 @@ def eval_every(script: str, budget: int) -> int:
     return max(1, budget // (10 * config.num_envs * config.num_steps))
 
 
-def run_cell(
-    task: str, row: str, seeds: int, scratch: Path, timeout: float, budget: int = 0
-) -> dict:
+def command(task: str, row: str, seeds: int, budget: int = 0) -> list[str]:
+    """The arguments of a cell's run: the row's script and flags, the task, its budget, the seeds
+    and the evaluations (the run directory is added by `run_cell`)."""
     budget = budget or TASKS[task][0]
     script, *flags = SCRIPTS[row]
-    out = scratch / f"{task}-{row.replace(' ', '_')}"
-    cmd = [
-        sys.executable,
+    return [
         f"algos/{script}.py",
         *flags,
         "--env",
@@ -175,17 +174,35 @@ def run_cell(
         str(seeds),
         "--eval-every",
         str(eval_every(script, budget)),
-        "--out-dir",
-        str(out),
     ]
+
+
+def run_cell(
+    task: str, row: str, seeds: int, scratch: Path, timeout: float, budget: int = 0
+) -> dict:
+    out = scratch / f"{task}-{row.replace(' ', '_')}"
+    args = command(task, row, seeds, budget)
+    at = commit("algos", "common")  # the code the run starts with
     start = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, *args, "--out-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     wall = time.time() - start
     if proc.returncode:
         return {
             "error": (proc.stdout + proc.stderr).strip().splitlines()[-1],
-            "command": " ".join(cmd[1:]),
+            "command": " ".join(args),
         }
+    return read_cell(out, args, wall, at)
+
+
+def read_cell(out: Path, args: list[str], wall: float, at: str) -> dict:
+    """A cell's figures from its run directory `out`, made by `args` in `wall` seconds at commit
+    `at`."""
     summary = json.loads((out / "summary.json").read_text())
     steps, returns = plot.load_curve(out, "eval/return")
     per_seed = summary["eval_return_per_seed"]
@@ -205,11 +222,41 @@ def run_cell(
         "wall_s": wall,
         # every seed's env steps per second of training (compiles and evaluations left out)
         "sps": summary["sps"],
-        "commit": commit("algos", "common"),
-        "command": "python " + " ".join(cmd[1:-2]),
+        "commit": at,
+        "command": "python " + " ".join(args),
         # the greedy return of each seed at each evaluation, for the task's PNG
         "curve": {"env_steps": steps.tolist(), "per_seed": returns.tolist()},
     }
+
+
+def cell_of_run(out: Path, at: str) -> tuple[str, dict]:
+    """`(key, cell)` of a finished run made by hand at commit `at`: its config.json must be the
+    config a row's command gives at its task's budget (the run's seeds; any run-control flag and
+    directory), so that the cell is that command's run. Its wall time is the run's own, from its
+    start to its summary; a resumed run is refused (its last process's time is not the run's)."""
+    saved = json.loads((out / "config.json").read_text())
+    task, seeds = saved["env"], saved["num_seeds"]
+    for row in SCRIPTS:
+        if (task, row) not in cells_of([task], [row]):
+            continue
+        args = command(task, row, seeds)
+        script = importlib.import_module(f"algos.{Path(args[0]).stem}")
+        config = cli.parse_config(script.Config, args[1:]).resolved()
+        expected = json.loads(json.dumps(dataclasses.asdict(config)))
+        differ = [
+            k
+            for k in expected
+            if k not in (*cli.RUN_CONTROL, "out_dir") and saved.get(k) != expected[k]
+        ]
+        if differ:
+            continue
+        summary = json.loads((out / "summary.json").read_text())
+        # a resumed run's process trained only the steps after its checkpoint
+        trained = summary["sps"] * summary["train_time_s"]
+        if trained < 0.99 * summary["env_steps"] * seeds:
+            sys.exit(f"--from-run {out}: the run was resumed; its wall time is not one run's")
+        return f"{task} | {row}", read_cell(out, args, summary["wall_time_s"], at)
+    sys.exit(f"--from-run {out}: its config.json is no row's command at {task}'s budget")
 
 
 def met(cell: dict, goal: float) -> bool:
@@ -448,6 +495,15 @@ def main() -> None:
         "task's); the cell records the steps it ran",
     )
     p.add_argument(
+        "--from-run",
+        nargs="+",
+        default=[],
+        metavar="DIR COMMIT",
+        help="cells from finished runs made by hand, each a run directory and the commit that ran "
+        "it, whose config.json is a row's command at its task's budget (checked), in place of "
+        "running them",
+    )
+    p.add_argument(
         "--report",
         action="store_true",
         help="only rewrite docs/results.md, the PNGs and the tables of README.md and docs/algorithms/",
@@ -461,7 +517,11 @@ def main() -> None:
         )
     OUT.mkdir(parents=True, exist_ok=True)
     cells = json.loads(CELLS.read_text()) if CELLS.exists() else {}
-    if not args.report:
+    if args.from_run:
+        for out, at in zip(args.from_run[::2], args.from_run[1::2]):
+            key, cells[key] = cell_of_run(Path(out), f"`{at}`")
+        CELLS.write_text(json.dumps(cells, indent=1, sort_keys=True))
+    elif not args.report:
         with tempfile.TemporaryDirectory(prefix="jtrax-suite-") as tmp:
             for task, row in cells_of(tasks, scripts):
                 cell = run_cell(task, row, args.seeds, Path(tmp), args.timeout, args.budget)
