@@ -4,6 +4,7 @@ task.
     python bench/suite/suite.py                              # every cell: hours on 2 cores
     python bench/suite/suite.py --tasks Acrobot-v1 --scripts ppo_joint,awr
     python bench/suite/suite.py --report                     # rewrite docs/results.md only
+    python bench/suite/suite.py --from-run RUN_DIR COMMIT    # a cell of a run made by hand
 
 Each cell (a script with its flags, on a task) is one process training
 `--seeds` seeds in one program (`--num-seeds`) for the task's budget of env
