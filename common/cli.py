@@ -333,7 +333,7 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
-def is_union(kind) -> bool:
+def _is_union(kind) -> bool:
     """Whether a field's type is `X | None`: `float | None` is a types.UnionType, `Literal[...] |
     None` a typing.Union."""
     return typing.get_origin(kind) in (types.UnionType, typing.Union)
@@ -433,7 +433,7 @@ def build_parser(cls, description: str) -> argparse.ArgumentParser:
     run_flags = {f.name for f in dataclasses.fields(RunConfig)}
     for f in sorted(dataclasses.fields(cls), key=lambda f: f.name in run_flags):
         kind = hints[f.name]
-        if is_union(kind):  # `float | None`: None unless given
+        if _is_union(kind):  # `float | None`: None unless given
             kind = next(k for k in typing.get_args(kind) if k is not type(None))
         if kind is bool:  # `--flag` or `--flag=True/False` (as a wandb agent passes it)
             spec = dict(type=_parse_bool, nargs="?", const=True, metavar="BOOL", action=_Once)
@@ -579,7 +579,7 @@ def load_config(cls, run_dir: Path):
 def _fits(kind, value) -> bool:
     """Whether a JSON value is one of `kind`: bool, int, float (an int too), str, a Literal,
     tuple[X, ...], X | None."""
-    if is_union(kind):
+    if _is_union(kind):
         return any(_fits(k, value) for k in typing.get_args(kind))
     if typing.get_origin(kind) is typing.Literal:
         return value in typing.get_args(kind)
@@ -595,6 +595,6 @@ def _describe(kind) -> str:
         return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
     if typing.get_origin(kind) is tuple:
         return f"a list of {typing.get_args(kind)[0].__name__}"
-    if is_union(kind):
+    if _is_union(kind):
         return " or ".join(map(_describe, typing.get_args(kind)))
     return "null" if kind is type(None) else f"a {kind.__name__}"

@@ -516,6 +516,8 @@ def main() -> None:
         sys.exit(
             f"unknown task or row: {', '.join(unknown)}; tasks: {', '.join(TASKS)}; rows: {', '.join(SCRIPTS)}"
         )
+    if len(args.from_run) % 2:
+        p.error("--from-run takes pairs: DIR COMMIT [DIR COMMIT ...]")
     OUT.mkdir(parents=True, exist_ok=True)
     cells = json.loads(CELLS.read_text()) if CELLS.exists() else {}
     if args.from_run:
